@@ -1,0 +1,150 @@
+"""The health/metrics HTTP endpoint (`--health-port`): /healthz, /readyz, /metrics, /status.
+
+Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
+metrics) on that thread, so the daemon's snapshot must only read state that is safe to read from
+another thread, and must not wait on a lock the loop may hold while stuck: /healthz exists to
+notice a stuck loop. A failing snapshot gives a 500 JSON answer; the server keeps running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from supervisor.metrics import CONTENT_TYPE, DaemonMetrics
+
+log = logging.getLogger(__name__)
+
+Snapshot = Callable[[], dict]
+
+
+def liveness(snap: dict, max_loop_age: float, max_api_age: float | None) -> str | None:
+    """None when live; else why not: the main loop stalled, or the API has not answered lately."""
+    loop_age = snap.get("loop_age_secs")
+    if loop_age is None or loop_age >= max_loop_age:
+        return f"main loop has not turned for {loop_age}s (limit {max_loop_age}s)"
+    if max_api_age is not None:
+        api_age = snap.get("api_age_secs")
+        if api_age is None:
+            return "the Spooled API has not answered yet"
+        if api_age >= max_api_age:
+            return f"the Spooled API last answered {api_age:.1f}s ago (limit {max_api_age}s)"
+    return None
+
+
+def readiness(snap: dict) -> str | None:
+    """None when ready (registered and not draining); else why not."""
+    if snap.get("draining"):
+        return "draining"
+    if not snap.get("registered"):
+        return "not registered"
+    return None
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    health: "HealthServer"
+
+    def handle_error(self, request, client_address):  # a client hung up: not worth stderr
+        log.debug("health endpoint: error serving %s", client_address, exc_info=True)
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "spooled-supervisor"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # quiet: no per-request stderr lines
+        pass
+
+    def do_HEAD(self):
+        self._route(head=True)
+
+    def do_GET(self):
+        self._route(head=False)
+
+    def _route(self, head: bool) -> None:
+        health = self.server.health
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        try:
+            if path == "/metrics":
+                body = health.metrics.render().encode()
+                return self._send(200, body, CONTENT_TYPE, head)
+            if path not in ("/healthz", "/readyz", "/status"):
+                return self._json(404, {"status": "not found", "routes": ["/healthz", "/readyz", "/metrics", "/status"]}, head)
+            snap = health.snapshot()
+            if path == "/status":
+                return self._json(200, snap, head)
+            if path == "/healthz":
+                reason = liveness(snap, health.max_loop_age, health.max_api_age)
+            else:
+                reason = readiness(snap)
+            ages = {k: snap.get(k) for k in ("loop_age_secs", "api_age_secs", "registered", "draining")}
+            if reason is None:
+                return self._json(200, {"status": "ok", **ages}, head)
+            return self._json(503, {"status": "unavailable", "reason": reason, **ages}, head)
+        except Exception as exc:  # noqa: BLE001 - the endpoint must outlive any snapshot bug
+            log.debug("health endpoint: %s failed", path, exc_info=True)
+            return self._json(500, {"status": "error", "error": f"{type(exc).__name__}: {exc}"}, head)
+
+    def _json(self, code: int, payload: dict, head: bool) -> None:
+        body = json.dumps(payload, default=str).encode() + b"\n"
+        self._send(code, body, "application/json", head)
+
+    def _send(self, code: int, body: bytes, content_type: str, head: bool) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+class HealthServer:
+    """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
+
+    def __init__(self, host: str, port: int, snapshot: Snapshot, metrics: DaemonMetrics,
+                 max_loop_age: float = 10.0, max_api_age: float | None = 60.0):
+        self.host = host
+        self.requested_port = port
+        self.snapshot = snapshot
+        self.metrics = metrics
+        self.max_loop_age = max_loop_age
+        self.max_api_age = max_api_age  # None: /healthz ignores the API
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (meaningful after start())."""
+        return self._server.server_address[1] if self._server else self.requested_port
+
+    def start(self) -> "HealthServer":
+        """Bind (raises OSError if the port is taken) and serve on a daemon thread."""
+        server_class = _Server6 if ":" in self.host else _Server
+        self._server = server_class((self.host, self.requested_port), _Handler)
+        self._server.health = self
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.25},
+                                        name="health-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
