@@ -55,7 +55,7 @@ class Notifier:
         self.watchdog_usec = watchdog_usec if address else None
         self._sock: socket.socket | None = None
         self._last_status: str | None = None
-        self._last_watchdog = 0.0
+        self._last_watchdog: float | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, pid: int | None = None) -> "Notifier":
@@ -94,11 +94,11 @@ class Notifier:
         """STOPPING=1 (plus STATUS=): the drain has started."""
         return self._send("STOPPING=1" + (f"\nSTATUS={status}" if status else ""), status)
 
-    def watchdog(self) -> bool:
+    def watchdog(self, now: float | None = None) -> bool:
         """WATCHDOG=1, only when the unit set WatchdogSec for this pid."""
         if not self.watchdog_usec:
             return False
-        self._last_watchdog = time.monotonic()
+        self._last_watchdog = time.monotonic() if now is None else now
         return self._send("WATCHDOG=1")
 
     def watchdog_if_due(self, now: float | None = None) -> bool:
@@ -107,9 +107,9 @@ class Notifier:
         if interval is None:
             return False
         now = time.monotonic() if now is None else now
-        if now - self._last_watchdog < interval:
+        if self._last_watchdog is not None and now - self._last_watchdog < interval:
             return False
-        return self.watchdog()
+        return self.watchdog(now)
 
     def close(self) -> None:
         if self._sock is not None:
