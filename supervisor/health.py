@@ -134,7 +134,7 @@ class HealthServer:
         server_class = _Server6 if ":" in self.host else _Server
         self._server = server_class((self.host, self.requested_port), _Handler)
         self._server.health = self
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.25},
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="health-http", daemon=True)
         self._thread.start()
         return self

@@ -1,0 +1,174 @@
+"""The health endpoint on a real port with a fake snapshot, and `python -m supervisor status` against it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from conftest import ROOT, free_port
+from supervisor.health import HealthServer
+from supervisor.metrics import DaemonMetrics
+
+
+def healthy_snapshot() -> dict:
+    return {
+        "worker_id": "worker-7", "queue": "emails", "pid": 4321, "version": "0.1.0",
+        "registered": True, "draining": False, "loop_age_secs": 0.05, "api_age_secs": 1.5,
+        "procs": 3, "busy": 1,
+        "children": [
+            {"slot": 1, "pid": 5002, "state": "idle", "job_id": None, "job_runtime_secs": None,
+             "rss_bytes": 31457280, "jobs_done": 7, "restarts": 1},
+            {"slot": 0, "pid": 5001, "state": "busy", "job_id": "job_abc123", "job_runtime_secs": 125.4,
+             "rss_bytes": 52428800, "jobs_done": 12, "restarts": 0},
+            {"slot": 2, "pid": 5003, "state": "starting", "job_id": None, "job_runtime_secs": None,
+             "rss_bytes": None, "jobs_done": 0, "restarts": 2},
+        ],
+    }
+
+
+class FakeDaemon:
+    """A mutable snapshot source; set `error` to make snapshot() raise."""
+
+    def __init__(self):
+        self.snap = healthy_snapshot()
+        self.error: Exception | None = None
+
+    def snapshot(self) -> dict:
+        if self.error:
+            raise self.error
+        return dict(self.snap)
+
+
+@pytest.fixture
+def daemon():
+    return FakeDaemon()
+
+
+@pytest.fixture
+def server(daemon):
+    metrics = DaemonMetrics(queues=["emails"])
+    metrics.job_finished("emails", "completed", 0.5)
+    srv = HealthServer("127.0.0.1", 0, daemon.snapshot, metrics, max_loop_age=10, max_api_age=60).start()
+    yield srv
+    srv.stop()
+
+
+def get(srv: HealthServer, path: str) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{srv.port}{path}", timeout=5)
+
+
+def test_binds_a_free_port_and_stops(daemon):
+    srv = HealthServer("127.0.0.1", 0, daemon.snapshot, DaemonMetrics()).start()
+    port = srv.port
+    assert port > 0
+    assert get(srv, "/healthz").status_code == 200
+    srv.stop()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_healthz_ok_and_failing_reasons(server, daemon):
+    r = get(server, "/healthz")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ok"
+
+    daemon.snap["loop_age_secs"] = 12.0
+    r = get(server, "/healthz")
+    assert r.status_code == 503
+    assert "main loop" in r.json()["reason"]
+
+    daemon.snap["loop_age_secs"] = 0.1
+    daemon.snap["api_age_secs"] = 61.0
+    r = get(server, "/healthz")
+    assert r.status_code == 503
+    assert "API" in r.json()["reason"]
+
+    daemon.snap["api_age_secs"] = None
+    r = get(server, "/healthz")
+    assert r.status_code == 503
+    assert "not answered" in r.json()["reason"]
+
+
+def test_healthz_api_check_can_be_disabled(daemon):
+    daemon.snap["api_age_secs"] = None
+    srv = HealthServer("127.0.0.1", 0, daemon.snapshot, DaemonMetrics(), max_api_age=None).start()
+    try:
+        assert get(srv, "/healthz").status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_readyz(server, daemon):
+    assert get(server, "/readyz").status_code == 200
+    daemon.snap["draining"] = True
+    r = get(server, "/readyz")
+    assert (r.status_code, r.json()["reason"]) == (503, "draining")
+    daemon.snap.update(draining=False, registered=False)
+    r = get(server, "/readyz")
+    assert (r.status_code, r.json()["reason"]) == (503, "not registered")
+
+
+def test_metrics_and_status_routes(server, daemon):
+    r = get(server, "/metrics")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert 'spooled_supervisor_jobs_total{queue="emails",outcome="completed"} 1' in r.text.splitlines()
+
+    r = get(server, "/status")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "application/json"
+    assert r.json() == daemon.snap
+
+    assert get(server, "/nope").status_code == 404
+    head = requests.head(f"http://127.0.0.1:{server.port}/readyz", timeout=5)
+    assert head.status_code == 200 and head.content == b""
+
+
+def test_raising_snapshot_gives_500_and_server_survives(server, daemon):
+    daemon.error = RuntimeError("in-flight table changed size")
+    for path in ("/healthz", "/readyz", "/status"):
+        r = get(server, path)
+        assert r.status_code == 500
+        assert "in-flight table changed size" in r.json()["error"]
+    daemon.error = None
+    assert get(server, "/healthz").status_code == 200
+    assert get(server, "/metrics").status_code == 200
+
+
+def run_status(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor", "status", *args], cwd=ROOT,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=60)
+
+
+def test_status_command_prints_the_children_table(server):
+    out = run_status("--health-url", f"http://127.0.0.1:{server.port}")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "worker-7" in text and "emails" in text and "registered" in text and "1/3" in text
+    lines = text.splitlines()
+    header_at = next(i for i, line in enumerate(lines) if line.split()[:3] == ["SLOT", "PID", "STATE"])
+    rows = [line.split() for line in lines[header_at + 1:]]
+    assert [row[0] for row in rows] == ["0", "1", "2"]  # ordered by slot
+    assert rows[0] == ["0", "5001", "busy", "job_abc123", "2m05s", "50.0", "12", "0"]
+    assert rows[1] == ["1", "5002", "idle", "-", "-", "30.0", "7", "1"]
+    assert rows[2] == ["2", "5003", "starting", "-", "-", "-", "0", "2"]
+
+
+def test_status_command_reads_port_from_env(server, daemon):
+    daemon.snap["draining"] = True
+    out = run_status(env={"SPOOLED_HEALTH_PORT": str(server.port)})
+    assert out.returncode == 0, out.stderr
+    assert "draining" in out.stdout
+
+
+def test_status_command_unreachable_daemon_exits_1():
+    port = free_port()
+    out = run_status("--port", str(port))
+    assert out.returncode == 1
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "error" in lines[0]
