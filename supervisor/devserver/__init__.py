@@ -1,0 +1,12 @@
+"""Spooled-compatible development server: the Spooled REST API served from SQLite.
+
+Modules, one concern each:
+  cli      -- flags / environment, start-up and signal handling
+  app      -- HTTP server, routing, auth, error envelopes, fault hook
+  handlers -- one function per route: validate the request, call the store
+  validate -- request-body validation producing the contract's error shapes
+  errors   -- ApiError and the JSON error envelopes of CONTRACT section 2
+  store    -- every SQL statement and transaction (SQLite, WAL)
+  sweeps   -- background lease recovery and stale-worker reaper
+  faults   -- fault injection and per-org rate limiting
+"""

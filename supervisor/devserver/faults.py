@@ -1,0 +1,107 @@
+"""Fault injection and per-organization rate limiting.
+
+Faults apply only to /api/v1 routes (never /health* or /_dev/faults):
+  delay_ms   -- sleep that long before handling (for a `delay_fraction` of requests; default all)
+  fail_503   -- fraction of requests answered 503 SERVICE_UNAVAILABLE without being handled
+  cut        -- fraction of requests handled (the write commits) whose response is cut off:
+                the status line and headers are sent, then half the body, then the socket closes.
+The rate limiter is a token bucket per organization (rps, burst); a refusal gives
+429 RATE_LIMIT_EXCEEDED with Retry-After and the body of CONTRACT section 2.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+
+from .errors import ApiError
+
+
+class Faults:
+    """Thread-safe, replaceable fault settings with a seeded RNG."""
+
+    def __init__(self, fail_503: float = 0.0, delay_ms: int = 0, cut: float = 0.0, delay_fraction: float = 1.0,
+                 seed: int | None = None):
+        self._lock = threading.Lock()
+        self._rng = random.Random(seed)
+        self.fail_503, self.delay_ms, self.cut, self.delay_fraction = 0.0, 0, 0.0, 1.0
+        self.update({"fail_503": fail_503, "delay_ms": delay_ms, "cut": cut, "delay_fraction": delay_fraction})
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {"fail_503": self.fail_503, "delay_ms": self.delay_ms, "cut": self.cut,
+                    "delay_fraction": self.delay_fraction}
+
+    @staticmethod
+    def check(values: dict) -> dict:
+        """Validate a (partial) settings dict; raise ValueError naming the bad field."""
+        out = {}
+        for name in ("fail_503", "cut", "delay_fraction"):
+            if name in values:
+                v = values[name]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
+                    raise ValueError(f"{name} must be a number between 0 and 1")
+                out[name] = float(v)
+        if "delay_ms" in values:
+            v = values["delay_ms"]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 600_000:
+                raise ValueError("delay_ms must be a number of milliseconds between 0 and 600000")
+            out["delay_ms"] = int(v)
+        return out
+
+    def update(self, values: dict) -> dict:
+        clean = self.check(values)
+        with self._lock:
+            for k, v in clean.items():
+                setattr(self, k, v)
+        return self.snapshot()
+
+    def active(self) -> bool:
+        return bool(self.fail_503 or self.delay_ms or self.cut)
+
+    def before(self) -> None:
+        """Run before handling: maybe sleep, maybe raise the injected 503."""
+        with self._lock:
+            delay = self.delay_ms if (self.delay_ms and self._rng.random() < self.delay_fraction) else 0
+            fail = self.fail_503 and self._rng.random() < self.fail_503
+        if delay:
+            time.sleep(delay / 1000.0)
+        if fail:
+            raise ApiError(503, "SERVICE_UNAVAILABLE", "Injected fault: service unavailable")
+
+    def should_cut(self) -> bool:
+        with self._lock:
+            return bool(self.cut) and self._rng.random() < self.cut
+
+
+class RateLimiter:
+    """Token bucket per key (organization): `rps` tokens per second, bucket size `burst`."""
+
+    def __init__(self, rps: float, burst: int | None = None):
+        self.rps = float(rps)
+        self.burst = float(burst if burst else max(1, math.ceil(rps * 2)))
+        self._buckets: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, key: str) -> None:
+        """Take one token or raise 429 RATE_LIMIT_EXCEEDED with Retry-After."""
+        now = time.monotonic()
+        with self._lock:
+            b = self._buckets.get(key)
+            if b is None:
+                b = self._buckets[key] = [self.burst, now]
+            tokens = min(self.burst, b[0] + (now - b[1]) * self.rps)
+            b[1] = now
+            if tokens >= 1.0:
+                b[0] = tokens - 1.0
+                return
+            b[0] = tokens
+            wait = (1.0 - tokens) / self.rps
+        secs = max(1, math.ceil(wait))
+        raise ApiError(429, "RATE_LIMIT_EXCEEDED", "Rate limit exceeded",
+                       extra={"error": "Rate limit exceeded", "retry_after_secs": secs,
+                              "limit": int(self.rps) if self.rps.is_integer() else self.rps, "remaining": 0,
+                              "reset_at": int(time.time() + wait) + 1},
+                       headers={"Retry-After": str(secs)})

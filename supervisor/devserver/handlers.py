@@ -1,0 +1,338 @@
+"""One function per route: validate the request (validate.Body), call the Store, shape the answer.
+
+Each handler takes (app, req) and returns (status, json_or_None, headers_or_None).
+`req` has .org, .params (path), .query (dict of lists), .body (bytes), .headers.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from .errors import ApiError, invalid_json, validation
+from .store import dumps
+from .validate import Body, check_hostname, check_queue_name, check_worker_id, parse_time
+
+WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
+JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
+SIXTY_FOUR_K = 64 * 1024
+
+
+def parse_json(req, optional: bool = False):
+    """The request body as JSON (400 INVALID_JSON when malformed/empty/not declared JSON)."""
+    if not req.body.strip():
+        if optional:
+            return {}
+        raise invalid_json("Request body is empty", "empty_body")
+    ctype = req.headers.get("content-type", "")
+    if "application/json" not in ctype.lower():
+        raise invalid_json("Expected request with `Content-Type: application/json`", "invalid_content_type")
+    try:
+        return orjson.loads(req.body)
+    except orjson.JSONDecodeError as e:
+        raise invalid_json(f"Failed to parse the request body as JSON: {e}") from None
+
+
+def body(req, optional: bool = False) -> Body:
+    return Body(parse_json(req, optional))
+
+
+def _json_text(field: str, value, limit: int, too_big_status: int = 400) -> str:
+    text = dumps(value)
+    if len(text.encode()) > limit:
+        raise validation(field, f"{field} size ({len(text.encode())} bytes) exceeds maximum ({limit} bytes)",
+                         "too_large")
+    return text
+
+
+def _lease_id(b: Body) -> str:
+    # Seed override: complete / fail / job heartbeat without lease_id -> 422 missing field.
+    return b.str("lease_id", required=True, max_len=255)
+
+
+def _q_int(req, name, default, lo, hi):
+    raw = req.query.get(name, [None])[-1]
+    if raw is None or raw == "":
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise validation(name, "must be an integer", "invalid_type") from None
+    if v < lo or v > hi:
+        raise validation(name, f"must be between {lo} and {hi}", "range")
+    return v
+
+
+def _q_str(req, name):
+    v = req.query.get(name, [None])[-1]
+    return v or None
+
+
+# ---------- organizations / health / dev ----------
+def create_org(app, req):
+    b = body(req)
+    name = b.str("name", True, 3, 100)
+    slug = b.str("slug", True, 3, 50)
+    email = b.str("billing_email", False, 3, 255)
+    if not all(c.isdigit() or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
+        raise validation("slug", "must be lowercase letters, digits and hyphens, not starting or ending with '-'",
+                         "invalid_slug")
+    return 201, app.store.create_org(name, slug, email), None
+
+
+def health(app, req):
+    ok = app.store.ping()
+    return 200, {"status": "healthy" if ok else "degraded", "database": ok, "cache": True}, None
+
+
+def health_live(app, req):
+    return 200, None, None
+
+
+def health_ready(app, req):
+    if not app.store.ping():
+        raise ApiError(503, "SERVICE_UNAVAILABLE", "Database is not available")
+    return 200, None, None
+
+
+def get_faults(app, req):
+    return 200, app.faults.snapshot(), None
+
+
+def set_faults(app, req):
+    data = parse_json(req)
+    if not isinstance(data, dict):
+        raise validation("body", "must be a JSON object", "invalid_type")
+    try:
+        return 200, app.faults.update(data), None
+    except ValueError as e:
+        raise validation(str(e).split()[0], str(e), "range") from None
+
+
+# ---------- workers ----------
+def register_worker(app, req):
+    b = body(req)
+    queue = b.str("queue_name", True, 1, 100)
+    check_queue_name(queue)
+    hostname = check_hostname(b.str("hostname", True, 1, 255))
+    wid = b.str("worker_id", False, 1, 128)
+    if wid is not None:
+        check_worker_id(wid)
+    w = {"worker_id": wid, "queue_name": queue, "hostname": hostname,
+         "worker_type": b.str("worker_type", False, 0, 50), "version": b.str("version", False, 0, 50),
+         "max_concurrency": b.int("max_concurrency", False, 1, 100, default=5)}
+    present, meta = b.any("metadata")
+    w["metadata"] = _json_text("metadata", meta if present and meta is not None else {}, SIXTY_FOUR_K)
+    wid = app.store.register_worker(req.org, w, app.cfg.max_workers)
+    return 201, {"id": wid, "queue_name": queue, "lease_duration_secs": app.cfg.lease_duration,
+                 "heartbeat_interval_secs": app.cfg.heartbeat_interval}, None
+
+
+def worker_heartbeat(app, req):
+    b = body(req)
+    current = b.int("current_jobs", True, 0, 1000)
+    status = b.str("status", False, 1, 20, default="healthy")
+    if status not in WORKER_STATUSES:
+        raise validation("status", "must be one of healthy, degraded, draining, offline", "invalid_status")
+    present, meta = b.any("metadata")
+    meta_text = _json_text("metadata", meta, SIXTY_FOUR_K) if present and meta is not None else None
+    app.store.worker_heartbeat(req.org, req.params["id"], current, status, meta_text)
+    return 200, None, None
+
+
+def deregister_worker(app, req):
+    app.store.deregister_worker(req.org, req.params["id"])
+    return 204, None, None
+
+
+def list_workers(app, req):
+    return 200, app.store.list_workers(req.org), None
+
+
+def get_worker(app, req):
+    return 200, app.store.get_worker(req.org, req.params["id"]), None
+
+
+# ---------- jobs ----------
+def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
+    """Validate one job's fields (single create or a bulk item)."""
+    defaults = defaults or {}
+    present, payload = b.any("payload", required=True)
+    j = {"queue_name": queue, "payload": _json_text("payload", payload, app.cfg.max_payload_bytes)}
+    j["priority"] = b.int("priority", False, -100, 100, default=defaults.get("priority"))
+    j["max_retries"] = b.int("max_retries", False, 0, 100, default=defaults.get("max_retries"))
+    j["timeout_seconds"] = b.int("timeout_seconds", False, 1, 86400, default=defaults.get("timeout_seconds"))
+    j["scheduled_at"] = b.time("scheduled_at")
+    j["expires_at"] = b.time("expires_at")
+    j["idempotency_key"] = b.str("idempotency_key", False, 1, 255)
+    j["parent_job_id"] = b.str("parent_job_id", False, 1, 255)
+    j["completion_webhook"] = b.str("completion_webhook", False, 1, 2048)
+    j["completion_webhook_secret"] = b.str("completion_webhook_secret", False, 0, 255)
+    present, tags = b.any("tags")
+    j["tags"] = _json_text("tags", tags, SIXTY_FOUR_K) if present and tags is not None else None
+    return j
+
+
+def create_job(app, req):
+    b = body(req)
+    queue = b.queue_name()
+    jid, created = app.store.create_job(req.org, _job_fields(app, b, queue))
+    return (201 if created else 200), {"id": jid, "created": created}, None
+
+
+def bulk_create(app, req):
+    b = body(req)
+    queue = b.queue_name()
+    jobs = b.list("jobs", True, 100, 1)
+    defaults = {"priority": b.int("default_priority", False, -100, 100),
+                "max_retries": b.int("default_max_retries", False, 0, 100),
+                "timeout_seconds": b.int("default_timeout_seconds", False, 1, 86400)}
+    items = []
+    for i, raw in enumerate(jobs):
+        try:
+            items.append((i, _job_fields(app, Body(raw), queue, defaults)))
+        except ApiError as e:
+            items.append((i, e))
+    return 200, app.store.bulk_create(req.org, items), None
+
+
+def claim(app, req):
+    b = body(req)
+    queue = b.queue_name()
+    worker = b.str("worker_id", True, 1, 255)
+    limit = b.int("limit", False, 1, 100, default=1)
+    lease = b.int("lease_duration_secs", False, 5, 3600, default=app.cfg.lease_duration)
+    return 200, {"jobs": app.store.claim(req.org, queue, worker, limit, lease)}, None
+
+
+def complete(app, req):
+    b = body(req)
+    worker = b.str("worker_id", True, 1, 255)
+    lease_id = _lease_id(b)
+    present, result = b.any("result")
+    result_text = None if not present or result is None else dumps(result)
+    app.store.complete(req.org, req.params["id"], worker, lease_id, result_text)
+    return 200, {"success": True}, None
+
+
+def fail(app, req):
+    b = body(req)
+    worker = b.str("worker_id", True, 1, 255)
+    error = b.str("error", True, 1, 2048)
+    lease_id = _lease_id(b)
+    app.store.fail(req.org, req.params["id"], worker, lease_id, error)
+    return 200, {"success": True}, None
+
+
+def job_heartbeat(app, req):
+    b = body(req)
+    worker = b.str("worker_id", True, 1, 255)
+    lease_id = _lease_id(b)
+    secs = b.int("lease_duration_secs", False, 5, 3600, default=app.cfg.lease_duration)
+    app.store.renew_lease(req.org, req.params["id"], worker, lease_id, secs)
+    return 200, {"success": True}, None
+
+
+def get_job(app, req):
+    return 200, app.store.get_job(req.org, req.params["id"]), None
+
+
+def cancel_job(app, req):
+    app.store.cancel(req.org, req.params["id"])
+    return 204, None, None
+
+
+def retry_job(app, req):
+    return 200, app.store.retry_job(req.org, req.params["id"]), None
+
+
+def _statuses(req):
+    raw = _q_str(req, "status")
+    if not raw:
+        return None
+    out = [s.strip() for s in raw.split(",") if s.strip()]
+    for s in out:
+        if s not in JOB_STATUSES:
+            raise validation("status", f"unknown status '{s}'", "invalid_status")
+    return out
+
+
+def list_jobs(app, req):
+    queue = _q_str(req, "queue_name") or _q_str(req, "queue")
+    limit = _q_int(req, "limit", 50, 1, 100)
+    offset = _q_int(req, "offset", 0, 0, 10**9)
+    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _q_str(req, "tag"), limit, offset)
+    return 200, items, {"X-Has-More": "true" if more else "false"}
+
+
+def job_status(app, req):
+    raw = _q_str(req, "ids") or ""
+    ids = [i.strip() for i in raw.split(",") if i.strip()]
+    if len(ids) > 100:
+        raise validation("ids", "at most 100 ids per request", "too_many")
+    return 200, app.store.status_by_ids(req.org, ids), None
+
+
+def job_stats(app, req):
+    return 200, app.store.stats(req.org), None
+
+
+def dlq_list(app, req):
+    queue = _q_str(req, "queue_name") or _q_str(req, "queue")
+    limit = _q_int(req, "limit", 50, 1, 100)
+    offset = _q_int(req, "offset", 0, 0, 10**9)
+    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _q_str(req, "tag"), limit, offset)
+    return 200, items, {"X-Has-More": "true" if more else "false"}
+
+
+def dlq_retry(app, req):
+    b = body(req, optional=True)
+    queue = b.str("queue_name", False, 1, 100)
+    ids = b.list("job_ids", False, 100)
+    if ids is not None and not all(isinstance(i, str) for i in ids):
+        raise ApiError(422, "VALIDATION_ERROR", "Field `job_ids` has an invalid type: expected an array of strings",
+                       details=[{"field": "job_ids", "message": "expected an array of strings",
+                                 "code": "invalid_type"}], extra={"error": "Validation failed"})
+    limit = b.int("limit", False, 1, 100, default=100)
+    return 200, app.store.dlq_retry(req.org, queue, ids, limit), None
+
+
+def dlq_purge(app, req):
+    b = body(req, optional=True)
+    if b.bool("confirm", False, False) is not True:
+        raise validation("confirm", "must be true to purge the dead-letter queue", "confirm_required")
+    queue = b.str("queue_name", False, 1, 100)
+    older = b.time("older_than")
+    limit = b.int("limit", False, 1, 10000, default=10000)
+    return 200, {"purged_count": app.store.dlq_purge(req.org, queue, older, limit)}, None
+
+
+# ---------- queues ----------
+def pause_queue(app, req):
+    b = body(req, optional=True)
+    reason = b.str("reason", False, 0, 1000)
+    return 200, app.store.pause_queue(req.org, check_queue_name(req.params["name"], "name"), reason), None
+
+
+def resume_queue(app, req):
+    return 200, app.store.resume_queue(req.org, check_queue_name(req.params["name"], "name")), None
+
+
+def get_queue_config(app, req):
+    return 200, app.store.get_queue_config(req.org, req.params["name"]), None
+
+
+def put_queue_config(app, req):
+    b = body(req)
+    name = check_queue_name(req.params["name"], "name")
+    fields = {}
+    for col, lo, hi in (("max_retries", 0, 100), ("default_timeout", 1, 86400), ("rate_limit", 1, 100000)):
+        v = b.int(col, False, lo, hi)
+        if v is not None:
+            fields[col] = v
+    enabled = b.bool("enabled")
+    if enabled is not None:
+        fields["enabled"] = int(enabled)
+    present, settings = b.any("settings")
+    if present and settings is not None:
+        fields["settings"] = _json_text("settings", settings, SIXTY_FOUR_K)
+    return 200, app.store.put_queue_config(req.org, name, fields), None

@@ -1,0 +1,678 @@
+"""Every SQL statement and transaction of the dev server (SQLite in WAL mode).
+
+Contract: one connection per Store, guarded by a lock; every write runs inside
+`BEGIN IMMEDIATE ... COMMIT`, so two server processes on one DB file are also
+serialised by SQLite itself (busy_timeout waits). WAL + synchronous=NORMAL: a
+killed process loses no committed transaction. Times are stored as epoch
+seconds (REAL) and rendered as RFC 3339 UTC with `Z`. JSON values (payload,
+result, tags, metadata, settings) are stored as JSON text and sent back verbatim
+as orjson fragments. Methods raise errors.ApiError for contract outcomes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import random
+import sqlite3
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+
+import orjson
+
+from .errors import ApiError, conflict, lease_expired, not_found, quota_exceeded, validation
+
+Fragment = orjson.Fragment
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_TIMEOUT = 300
+LIVE = ("healthy", "degraded")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS organizations(
+  id TEXT PRIMARY KEY, name TEXT, slug TEXT UNIQUE, billing_email TEXT UNIQUE, plan_tier TEXT,
+  created_at REAL, updated_at REAL);
+CREATE TABLE IF NOT EXISTS api_keys(
+  id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, key_hash TEXT UNIQUE NOT NULL, name TEXT, created_at REAL);
+CREATE TABLE IF NOT EXISTS workers(
+  id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, queue_name TEXT, queue_names TEXT, hostname TEXT,
+  worker_type TEXT, max_concurrency INTEGER, current_jobs INTEGER DEFAULT 0, status TEXT,
+  last_heartbeat REAL, metadata TEXT, version TEXT, registered_at REAL, updated_at REAL,
+  jobs_processed INTEGER NOT NULL DEFAULT 0, jobs_failed INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS workers_live ON workers(status, last_heartbeat);
+CREATE INDEX IF NOT EXISTS workers_org ON workers(organization_id, last_heartbeat);
+CREATE TABLE IF NOT EXISTS jobs(
+  id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, queue_name TEXT NOT NULL, status TEXT NOT NULL,
+  payload TEXT NOT NULL, result TEXT, retry_count INTEGER NOT NULL DEFAULT 0, max_retries INTEGER NOT NULL,
+  last_error TEXT, created_at REAL NOT NULL, scheduled_at REAL, started_at REAL, completed_at REAL,
+  expires_at REAL, priority INTEGER NOT NULL DEFAULT 0, tags TEXT, timeout_seconds INTEGER NOT NULL,
+  parent_job_id TEXT, completion_webhook TEXT, completion_webhook_secret TEXT, assigned_worker_id TEXT,
+  lease_id TEXT, lease_expires_at REAL, idempotency_key TEXT, updated_at REAL, workflow_id TEXT,
+  dependency_mode TEXT, dependencies_met INTEGER);
+CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(organization_id, queue_name, priority DESC, created_at)
+  WHERE status IN ('pending','scheduled');
+CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_expires_at) WHERE status = 'processing';
+CREATE INDEX IF NOT EXISTS jobs_assigned ON jobs(assigned_worker_id) WHERE status = 'processing';
+CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(organization_id, idempotency_key)
+  WHERE idempotency_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_org_created ON jobs(organization_id, created_at);
+CREATE INDEX IF NOT EXISTS jobs_parent ON jobs(parent_job_id) WHERE parent_job_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS dead_letter_queue(
+  id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, job_id TEXT NOT NULL, queue_name TEXT, reason TEXT,
+  original_payload TEXT, error_details TEXT, created_at REAL);
+CREATE INDEX IF NOT EXISTS dlq_job ON dead_letter_queue(job_id);
+CREATE TABLE IF NOT EXISTS queue_config(
+  organization_id TEXT NOT NULL, queue_name TEXT NOT NULL, id TEXT, max_retries INTEGER, default_timeout INTEGER,
+  rate_limit INTEGER, enabled INTEGER NOT NULL DEFAULT 1, settings TEXT, created_at REAL, updated_at REAL,
+  PRIMARY KEY(organization_id, queue_name));
+"""
+
+JOB_COLS = ("id", "organization_id", "queue_name", "status", "payload", "result", "retry_count", "max_retries",
+            "last_error", "created_at", "scheduled_at", "started_at", "completed_at", "expires_at", "priority",
+            "tags", "timeout_seconds", "parent_job_id", "completion_webhook", "assigned_worker_id", "lease_id",
+            "lease_expires_at", "idempotency_key", "updated_at", "workflow_id", "dependency_mode",
+            "dependencies_met")
+_JOB_SELECT = "SELECT " + ", ".join(JOB_COLS) + " FROM jobs"
+_TIME_COLS = {"created_at", "scheduled_at", "started_at", "completed_at", "expires_at", "lease_expires_at",
+              "updated_at"}
+_JSON_COLS = {"payload", "result", "tags"}
+SUMMARY_COLS = ("id", "queue_name", "status", "priority", "retry_count", "max_retries", "payload", "last_error",
+                "created_at", "scheduled_at", "started_at", "completed_at")
+_SUMMARY_SELECT = "SELECT " + ", ".join(SUMMARY_COLS) + " FROM jobs"
+WORKER_COLS = ("id", "organization_id", "queue_name", "queue_names", "hostname", "worker_type", "max_concurrency",
+               "current_jobs", "status", "last_heartbeat", "metadata", "version", "registered_at", "updated_at",
+               "jobs_processed", "jobs_failed")
+
+
+def ts(t: float | None) -> str | None:
+    """Epoch seconds -> RFC 3339 UTC with microseconds and `Z`."""
+    if t is None:
+        return None
+    sec = int(t)
+    g = time.gmtime(sec)
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (g.tm_year, g.tm_mon, g.tm_mday, g.tm_hour, g.tm_min,
+                                                     g.tm_sec, int((t - sec) * 1e6))
+
+
+def dumps(value) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _frag(text):
+    return None if text is None else Fragment(text)
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    return "sp_test_" + base64.urlsafe_b64encode(os.urandom(32)).rstrip(b"=").decode()
+
+
+def job_dict(row) -> dict:
+    out = {}
+    for col, v in zip(JOB_COLS, row):
+        if col in _TIME_COLS:
+            v = ts(v)
+        elif col in _JSON_COLS:
+            v = _frag(v)
+        elif col == "dependencies_met":
+            v = None if v is None else bool(v)
+        out[col] = v
+    return out
+
+
+def summary_dict(row) -> dict:
+    (id_, q, status, prio, rc, mr, payload, err, created, sched, started, completed) = row
+    job_type = ""
+    if payload and payload.startswith("{") and '"job_type"' in payload:
+        jt = orjson.loads(payload).get("job_type")
+        job_type = jt if isinstance(jt, str) else ""
+    return {"id": id_, "queue_name": q, "status": status, "priority": prio, "attempt": rc, "retry_count": rc,
+            "max_retries": mr, "job_type": job_type, "last_error": err, "created_at": ts(created),
+            "scheduled_at": ts(sched), "started_at": ts(started), "completed_at": ts(completed)}
+
+
+def worker_dict(row, full: bool) -> dict:
+    w = dict(zip(WORKER_COLS, row))
+    base = {"id": w["id"], "queue_name": w["queue_name"], "hostname": w["hostname"], "status": w["status"],
+            "current_jobs": w["current_jobs"], "max_concurrency": w["max_concurrency"],
+            "last_heartbeat": ts(w["last_heartbeat"]), "jobs_processed": w["jobs_processed"],
+            "jobs_failed": w["jobs_failed"]}
+    if not full:
+        return base
+    base.update({"organization_id": w["organization_id"], "queue_names": _frag(w["queue_names"]),
+                 "worker_type": w["worker_type"], "metadata": _frag(w["metadata"] or "{}"),
+                 "version": w["version"], "registered_at": ts(w["registered_at"]),
+                 "updated_at": ts(w["updated_at"])})
+    return base
+
+
+class Store:
+    """The dev server's state. Thread-safe; one instance per process."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=15.0)
+        self._db.execute("PRAGMA busy_timeout=15000")
+        if path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=OFF")
+        with self._tx() as db:
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+        self._key_cache: dict[str, str] = {}
+        self.closed = False
+
+    # ---- plumbing ----
+    @contextmanager
+    def _tx(self):
+        """A write transaction: BEGIN IMMEDIATE under the connection lock; rollback on any error."""
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _read(self, sql, args=()):
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def ping(self) -> bool:
+        try:
+            self._read("SELECT 1")
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            try:
+                if self.path != ":memory:":
+                    self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                self._db.close()
+
+    # ---- orgs and keys ----
+    def bootstrap(self, given_key: str | None) -> str:
+        """Make sure the default org exists; return the key to print (given, or the stored/generated one)."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key='default_org'").fetchone()
+            if row:
+                org = row[0]
+            else:
+                org = str(uuid.uuid4())
+                db.execute("INSERT INTO organizations VALUES (?,?,?,?,?,?,?)",
+                           (org, "Default", "default", None, "free", now, now))
+                db.execute("INSERT INTO meta VALUES ('default_org', ?)", (org,))
+            if given_key:
+                key = given_key
+            else:
+                row = db.execute("SELECT value FROM meta WHERE key='default_api_key'").fetchone()
+                key = row[0] if row else new_api_key()
+                db.execute("INSERT OR REPLACE INTO meta VALUES ('default_api_key', ?)", (key,))
+            db.execute("INSERT OR IGNORE INTO api_keys VALUES (?,?,?,?,?)",
+                       (str(uuid.uuid4()), org, hash_key(key), "Dev server key", now))
+            owner = db.execute("SELECT organization_id FROM api_keys WHERE key_hash=?", (hash_key(key),)).fetchone()
+        if owner[0] != org:
+            raise ValueError("the given API key belongs to another organization in this database")
+        return key
+
+    def org_for_key(self, key: str) -> str | None:
+        h = hash_key(key)
+        org = self._key_cache.get(h)
+        if org is None:
+            rows = self._read("SELECT organization_id FROM api_keys WHERE key_hash=?", (h,))
+            if rows:
+                org = self._key_cache[h] = rows[0][0]
+        return org
+
+    def org_plan(self, org: str) -> str:
+        rows = self._read("SELECT plan_tier FROM organizations WHERE id=?", (org,))
+        return rows[0][0] if rows else "free"
+
+    def create_org(self, name: str, slug: str, billing_email: str | None) -> dict:
+        now = time.time()
+        org, key_id, key = str(uuid.uuid4()), str(uuid.uuid4()), new_api_key()
+        with self._tx() as db:
+            if db.execute("SELECT 1 FROM organizations WHERE slug=?", (slug,)).fetchone():
+                raise conflict("Organization slug already exists")
+            if billing_email and db.execute("SELECT 1 FROM organizations WHERE billing_email=?",
+                                            (billing_email,)).fetchone():
+                raise conflict("Billing email already in use")
+            db.execute("INSERT INTO organizations VALUES (?,?,?,?,?,?,?)",
+                       (org, name, slug, billing_email, "free", now, now))
+            db.execute("INSERT INTO api_keys VALUES (?,?,?,?,?)", (key_id, org, hash_key(key), "Initial Admin Key", now))
+        return {"organization": {"id": org, "name": name, "slug": slug, "plan_tier": "free",
+                                 "billing_email": billing_email, "settings": {}, "created_at": ts(now),
+                                 "updated_at": ts(now)},
+                "api_key": {"id": key_id, "key": key, "name": "Initial Admin Key", "created_at": ts(now)}}
+
+    # ---- workers ----
+    def register_worker(self, org: str, w: dict, max_workers: int | None) -> str:
+        """Upsert by id. 409 if another org owns the id; 429 QUOTA_EXCEEDED over the worker cap."""
+        now = time.time()
+        wid = w["worker_id"] or str(uuid.uuid4())
+        with self._tx() as db:
+            row = db.execute("SELECT organization_id, status FROM workers WHERE id=?", (wid,)).fetchone()
+            if row and row[0] != org:
+                raise conflict("Worker ID already in use")
+            if max_workers is not None and not (row and row[1] in LIVE):
+                (count,) = db.execute("SELECT count(*) FROM workers WHERE organization_id=? AND status IN "
+                                      "('healthy','degraded')", (org,)).fetchone()
+                if count >= max_workers:
+                    plan = db.execute("SELECT plan_tier FROM organizations WHERE id=?", (org,)).fetchone()
+                    raise quota_exceeded("workers", count, max_workers, plan[0] if plan else "free")
+            args = (w["queue_name"], dumps([w["queue_name"]]), w["hostname"], w["worker_type"],
+                    w["max_concurrency"], w["metadata"], w["version"])
+            if row:
+                db.execute("UPDATE workers SET queue_name=?, queue_names=?, hostname=?, worker_type=?, "
+                           "max_concurrency=?, metadata=?, version=?, status='healthy', last_heartbeat=?, "
+                           "updated_at=? WHERE id=?", (*args, now, now, wid))
+            else:
+                db.execute("INSERT INTO workers (queue_name, queue_names, hostname, worker_type, max_concurrency, "
+                           "metadata, version, id, organization_id, current_jobs, status, last_heartbeat, "
+                           "registered_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,0,'healthy',?,?,?)",
+                           (*args, wid, org, now, now, now))
+        return wid
+
+    def worker_heartbeat(self, org: str, wid: str, current_jobs: int, status: str, metadata: str | None) -> None:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE workers SET last_heartbeat=?, current_jobs=?, status=?, "
+                             "metadata=COALESCE(?, metadata), updated_at=? WHERE id=? AND organization_id=?",
+                             (now, current_jobs, status, metadata, now, wid, org))
+            if cur.rowcount == 0:
+                raise not_found("Worker not found")
+
+    def deregister_worker(self, org: str, wid: str) -> int:
+        """Release the worker's processing jobs to pending (no retry increment); mark it offline."""
+        now = time.time()
+        with self._tx() as db:
+            if not db.execute("SELECT 1 FROM workers WHERE id=? AND organization_id=?", (wid, org)).fetchone():
+                raise not_found("Worker not found")
+            cur = db.execute("UPDATE jobs SET status='pending', assigned_worker_id=NULL, lease_id=NULL, "
+                             "lease_expires_at=NULL, updated_at=? WHERE assigned_worker_id=? AND "
+                             "organization_id=? AND status='processing'", (now, wid, org))
+            db.execute("UPDATE workers SET status='offline', updated_at=? WHERE id=?", (now, wid))
+            return cur.rowcount
+
+    def list_workers(self, org: str) -> list[dict]:
+        rows = self._read("SELECT " + ", ".join(WORKER_COLS) + " FROM workers WHERE organization_id=? "
+                          "ORDER BY last_heartbeat DESC LIMIT 100", (org,))
+        return [worker_dict(r, False) for r in rows]
+
+    def get_worker(self, org: str, wid: str) -> dict:
+        rows = self._read("SELECT " + ", ".join(WORKER_COLS) + " FROM workers WHERE id=? AND organization_id=?",
+                          (wid, org))
+        if not rows:
+            raise not_found("Worker not found")
+        return worker_dict(rows[0], True)
+
+    # ---- job creation ----
+    def _queue_defaults(self, db, org, queue):
+        row = db.execute("SELECT max_retries, default_timeout FROM queue_config WHERE organization_id=? AND "
+                         "queue_name=?", (org, queue)).fetchone()
+        if not row:
+            return DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
+        return (DEFAULT_MAX_RETRIES if row[0] is None else row[0]), (DEFAULT_TIMEOUT if row[1] is None else row[1])
+
+    def _insert_job(self, db, org: str, j: dict, now: float) -> tuple[str, bool]:
+        key = j.get("idempotency_key")
+        if key is not None:
+            row = db.execute("SELECT id FROM jobs WHERE organization_id=? AND idempotency_key=?", (org, key)).fetchone()
+            if row:
+                db.execute("UPDATE jobs SET updated_at=? WHERE id=?", (now, row[0]))
+                return row[0], False
+        max_retries, timeout = self._queue_defaults(db, org, j["queue_name"])
+        if j.get("max_retries") is not None:
+            max_retries = j["max_retries"]
+        if j.get("timeout_seconds") is not None:
+            timeout = j["timeout_seconds"]
+        deps = None
+        parent = j.get("parent_job_id")
+        if parent is not None:
+            prow = db.execute("SELECT status FROM jobs WHERE id=? AND organization_id=? AND queue_name=?",
+                              (parent, org, j["queue_name"])).fetchone()
+            if not prow:
+                raise validation("parent_job_id", "Parent job not found in this queue", "invalid_parent")
+            deps = 1 if prow[0] == "completed" else 0
+        sched = j.get("scheduled_at")
+        status = "scheduled" if sched is not None and sched > now else "pending"
+        jid = str(uuid.uuid4())
+        db.execute("INSERT INTO jobs (id, organization_id, queue_name, status, payload, retry_count, max_retries, "
+                   "created_at, scheduled_at, expires_at, priority, tags, timeout_seconds, parent_job_id, "
+                   "completion_webhook, completion_webhook_secret, idempotency_key, updated_at, dependencies_met) "
+                   "VALUES (?,?,?,?,?,0,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                   (jid, org, j["queue_name"], status, j["payload"], max_retries, now, sched, j.get("expires_at"),
+                    j.get("priority") or 0, j.get("tags"), timeout, parent, j.get("completion_webhook"),
+                    j.get("completion_webhook_secret"), key, now, deps))
+        return jid, True
+
+    def create_job(self, org: str, j: dict) -> tuple[str, bool]:
+        with self._tx() as db:
+            return self._insert_job(db, org, j, time.time())
+
+    def bulk_create(self, org: str, items: list) -> dict:
+        """items: list of (index, job dict) or (index, ApiError). All in one transaction."""
+        succeeded, failed = [], []
+        now = time.time()
+        with self._tx() as db:
+            for index, item in items:
+                if isinstance(item, ApiError):
+                    failed.append({"index": index, "error": item.body["message"]})
+                    continue
+                try:
+                    jid, created = self._insert_job(db, org, item, now)
+                except ApiError as e:
+                    failed.append({"index": index, "error": e.body["message"]})
+                    continue
+                succeeded.append({"index": index, "job_id": jid, "created": created})
+        return {"succeeded": succeeded, "failed": failed, "total": len(items),
+                "success_count": len(succeeded), "failure_count": len(failed)}
+
+    # ---- the worker hot path ----
+    def claim(self, org: str, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
+        """Atomically lease up to `limit` eligible jobs; paused or unknown queues give []."""
+        now = time.time()
+        expires = now + lease_secs
+        prefix = str(uuid.uuid4()) + "-"
+        with self._tx() as db:
+            row = db.execute("SELECT enabled FROM queue_config WHERE organization_id=? AND queue_name=?",
+                             (org, queue)).fetchone()
+            if row and not row[0]:
+                return []
+            rows = db.execute(
+                "UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?||id, lease_expires_at=?, "
+                "started_at=?, updated_at=? WHERE id IN (SELECT id FROM jobs WHERE organization_id=? AND "
+                "queue_name=? AND status IN ('pending','scheduled') AND (scheduled_at IS NULL OR scheduled_at<=?) "
+                "AND (expires_at IS NULL OR expires_at>?) AND (dependencies_met IS NULL OR dependencies_met=1) "
+                "ORDER BY priority DESC, created_at LIMIT ?) "
+                "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, "
+                "priority, created_at",
+                (worker_id, prefix, expires, now, now, org, queue, now, now, limit)).fetchall()
+        rows.sort(key=lambda r: (-r[7], r[8]))
+        lease_at = ts(expires)
+        return [{"id": r[0], "queue_name": r[1], "payload": Fragment(r[2]), "retry_count": r[3],
+                 "max_retries": r[4], "timeout_seconds": r[5], "lease_expires_at": lease_at, "lease_id": r[6]}
+                for r in rows]
+
+    def _classify_miss(self, db, org, job_id, worker_id, now, expired_msg):
+        """CONTRACT 4.5: why a fenced update touched no row."""
+        row = db.execute("SELECT status, lease_expires_at, lease_id FROM jobs WHERE id=? AND organization_id=? "
+                         "AND assigned_worker_id=?", (job_id, org, worker_id)).fetchone()
+        if not row:
+            return not_found("Job not found or not owned by worker")
+        status, lease_at, _ = row
+        if status == "processing":
+            if lease_at is None or lease_at <= now:
+                return lease_expired(expired_msg)
+            return lease_expired("lease_id does not match the job's current lease; this worker no longer holds it")
+        if status in ("pending", "scheduled"):
+            return lease_expired(expired_msg)
+        return conflict(f"Job is already {status}")
+
+    _FENCE = ("WHERE id=? AND organization_id=? AND assigned_worker_id=? AND status='processing' "
+              "AND lease_expires_at IS NOT NULL AND lease_expires_at>? AND lease_id=?")
+
+    def complete(self, org: str, job_id: str, worker_id: str, lease_id: str, result: str | None) -> None:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? " + self._FENCE,
+                             (result, now, now, job_id, org, worker_id, now, lease_id))
+            if cur.rowcount == 0:
+                raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired before completion")
+            db.execute("UPDATE workers SET jobs_processed=jobs_processed+1 WHERE id=? AND organization_id=?",
+                       (worker_id, org))
+            db.execute("UPDATE jobs SET dependencies_met=1, updated_at=? WHERE parent_job_id=? AND "
+                       "dependencies_met=0", (now, job_id))
+
+    def fail(self, org: str, job_id: str, worker_id: str, lease_id: str, error: str) -> bool:
+        """Retry with backoff min(2^n,60)s + 0-499 ms jitter, or dead-letter. Returns True if retried."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT retry_count, max_retries, payload, queue_name FROM jobs " + self._FENCE,
+                             (job_id, org, worker_id, now, lease_id)).fetchone()
+            if not row:
+                raise self._classify_miss(db, org, job_id, worker_id, now,
+                                          "Job lease expired before failure was reported")
+            rc, mr, payload, queue = row
+            if rc < mr:
+                delay = min(2 ** min(rc, 6), 60) + random.randint(0, 499) / 1000.0
+                db.execute("UPDATE jobs SET status='pending', retry_count=retry_count+1, last_error=?, "
+                           "assigned_worker_id=NULL, lease_id=NULL, lease_expires_at=NULL, scheduled_at=?, "
+                           "updated_at=? WHERE id=?", (error, now + delay, now, job_id))
+            else:
+                self._dead_letter(db, org, job_id, queue, payload, error, rc, now)
+            db.execute("UPDATE workers SET jobs_failed=jobs_failed+1 WHERE id=? AND organization_id=?",
+                       (worker_id, org))
+            return rc < mr
+
+    def _dead_letter(self, db, org, job_id, queue, payload, error, retries, now):
+        db.execute("UPDATE jobs SET status='deadletter', last_error=?, assigned_worker_id=NULL, lease_id=NULL, "
+                   "lease_expires_at=NULL, updated_at=? WHERE id=?", (error, now, job_id))
+        db.execute("INSERT INTO dead_letter_queue VALUES (?,?,?,?,?,?,?,?)",
+                   (str(uuid.uuid4()), org, job_id, queue, error, payload,
+                    dumps({"final_error": error, "total_retries": retries}), now))
+
+    def renew_lease(self, org: str, job_id: str, worker_id: str, lease_id: str, secs: int) -> None:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE jobs SET lease_expires_at=?, updated_at=? " + self._FENCE,
+                             (now + secs, now, job_id, org, worker_id, now, lease_id))
+            if cur.rowcount == 0:
+                raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired and cannot be extended")
+
+    # ---- job reads and admin ----
+    def get_job(self, org: str, job_id: str) -> dict:
+        rows = self._read(_JOB_SELECT + " WHERE id=? AND organization_id=?", (job_id, org))
+        if not rows:
+            raise not_found("Job not found")
+        return job_dict(rows[0])
+
+    def list_jobs(self, org: str, queue: str | None, statuses: list[str] | None, tag: str | None, limit: int,
+                  offset: int, order_desc: bool = True) -> tuple[list[dict], bool]:
+        sql, args = _SUMMARY_SELECT + " WHERE organization_id=?", [org]
+        if queue:
+            sql += " AND queue_name=?"
+            args.append(queue)
+        if statuses:
+            sql += " AND status IN (%s)" % ",".join("?" * len(statuses))
+            args += statuses
+        if tag:
+            sql += (" AND tags IS NOT NULL AND json_valid(tags) AND EXISTS (SELECT 1 FROM json_each(jobs.tags) "
+                    "WHERE json_each.value=? OR json_each.key=?)")
+            args += [tag, tag]
+        sql += " ORDER BY created_at %s LIMIT ? OFFSET ?" % ("DESC" if order_desc else "ASC")
+        args += [limit + 1, offset]
+        rows = self._read(sql, args)
+        return [summary_dict(r) for r in rows[:limit]], len(rows) > limit
+
+    def status_by_ids(self, org: str, ids: list[str]) -> list[dict]:
+        if not ids:
+            return []
+        rows = self._read("SELECT id, status, queue_name, retry_count, created_at, completed_at FROM jobs WHERE "
+                          "organization_id=? AND id IN (%s)" % ",".join("?" * len(ids)), [org, *ids])
+        return [{"id": r[0], "status": r[1], "queue_name": r[2], "retry_count": r[3], "created_at": ts(r[4]),
+                 "completed_at": ts(r[5])} for r in rows]
+
+    def cancel(self, org: str, job_id: str) -> None:
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id=? AND organization_id=?", (job_id, org)).fetchone()
+            if not row:
+                raise not_found("Job not found")
+            if row[0] not in ("pending", "scheduled"):
+                raise conflict("Job cannot be cancelled (not in pending or scheduled state)")
+            db.execute("UPDATE jobs SET status='cancelled', updated_at=? WHERE id=?", (now, job_id))
+
+    def _revive(self, db, job_ids: list[str], now: float) -> None:
+        for jid in job_ids:
+            db.execute("UPDATE jobs SET status='pending', retry_count=0, last_error=NULL, assigned_worker_id=NULL, "
+                       "lease_id=NULL, lease_expires_at=NULL, completed_at=NULL, scheduled_at=NULL, updated_at=? "
+                       "WHERE id=?", (now, jid))
+            db.execute("DELETE FROM dead_letter_queue WHERE job_id=?", (jid,))
+
+    def retry_job(self, org: str, job_id: str) -> dict:
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM jobs WHERE id=? AND organization_id=?", (job_id, org)).fetchone()
+            if not row:
+                raise not_found("Job not found")
+            if row[0] not in ("failed", "deadletter"):
+                raise conflict(f"Job cannot be retried (status is {row[0]}; only failed or deadletter jobs can be)")
+            self._revive(db, [job_id], now)
+            return job_dict(db.execute(_JOB_SELECT + " WHERE id=?", (job_id,)).fetchone())
+
+    def dlq_retry(self, org: str, queue: str | None, job_ids: list[str] | None, limit: int) -> dict:
+        now = time.time()
+        sql, args = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'", [org]
+        if queue:
+            sql += " AND queue_name=?"
+            args.append(queue)
+        if job_ids is not None:
+            sql += " AND id IN (%s)" % ",".join("?" * len(job_ids)) if job_ids else " AND 0"
+            args += job_ids
+        sql += " ORDER BY created_at LIMIT ?"
+        args.append(limit)
+        with self._tx() as db:
+            ids = [r[0] for r in db.execute(sql, args).fetchall()]
+            self._revive(db, ids, now)
+        return {"retried_count": len(ids), "retried_jobs": ids, "skipped_jobs": [], "job_ids": ids}
+
+    def dlq_purge(self, org: str, queue: str | None, older_than: float | None, limit: int) -> int:
+        sql, args = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'", [org]
+        if queue:
+            sql += " AND queue_name=?"
+            args.append(queue)
+        if older_than is not None:
+            sql += " AND updated_at < ?"
+            args.append(older_than)
+        sql += " LIMIT ?"
+        args.append(limit)
+        with self._tx() as db:
+            ids = [r[0] for r in db.execute(sql, args).fetchall()]
+            for jid in ids:
+                db.execute("DELETE FROM dead_letter_queue WHERE job_id=?", (jid,))
+                db.execute("DELETE FROM jobs WHERE id=?", (jid,))
+        return len(ids)
+
+    def stats(self, org: str) -> dict:
+        out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter",
+                             "cancelled"), 0)
+        for status, n in self._read("SELECT status, count(*) FROM jobs WHERE organization_id=? GROUP BY status",
+                                    (org,)):
+            out[status] = n
+        out["total"] = sum(out.values())
+        return out
+
+    # ---- queues ----
+    def _config_dict(self, db, org, queue) -> dict:
+        r = db.execute("SELECT id, max_retries, default_timeout, rate_limit, enabled, settings, created_at, "
+                       "updated_at FROM queue_config WHERE organization_id=? AND queue_name=?", (org, queue)).fetchone()
+        return {"id": r[0], "organization_id": org, "queue_name": queue,
+                "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],
+                "default_timeout": DEFAULT_TIMEOUT if r[2] is None else r[2], "rate_limit": r[3],
+                "enabled": bool(r[4]), "settings": _frag(r[5] or "{}"), "created_at": ts(r[6]), "updated_at": ts(r[7])}
+
+    def _ensure_config(self, db, org, queue, now):
+        db.execute("INSERT OR IGNORE INTO queue_config (organization_id, queue_name, id, enabled, settings, "
+                   "created_at, updated_at) VALUES (?,?,?,1,'{}',?,?)", (org, queue, str(uuid.uuid4()), now, now))
+
+    def pause_queue(self, org: str, queue: str, reason: str | None) -> dict:
+        now = time.time()
+        with self._tx() as db:
+            known = (db.execute("SELECT 1 FROM queue_config WHERE organization_id=? AND queue_name=?",
+                                (org, queue)).fetchone()
+                     or db.execute("SELECT 1 FROM jobs WHERE organization_id=? AND queue_name=? LIMIT 1",
+                                   (org, queue)).fetchone())
+            if not known:
+                raise not_found("Queue not found")
+            self._ensure_config(db, org, queue, now)
+            (settings,) = db.execute("SELECT settings FROM queue_config WHERE organization_id=? AND queue_name=?",
+                                     (org, queue)).fetchone()
+            s = orjson.loads(settings or "{}")
+            s.update({"paused": True, "paused_at": ts(now), "paused_at_epoch": now, "paused_reason": reason})
+            db.execute("UPDATE queue_config SET enabled=0, settings=?, updated_at=? WHERE organization_id=? AND "
+                       "queue_name=?", (dumps(s), now, org, queue))
+        return {"queue_name": queue, "paused": True, "paused_at": ts(now), "reason": reason}
+
+    def resume_queue(self, org: str, queue: str) -> dict:
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT settings FROM queue_config WHERE organization_id=? AND queue_name=?",
+                             (org, queue)).fetchone()
+            if not row:
+                raise not_found("Queue not found")
+            s = orjson.loads(row[0] or "{}")
+            since = s.get("paused_at_epoch")
+            s.update({"paused": False})
+            for k in ("paused_at", "paused_at_epoch", "paused_reason"):
+                s.pop(k, None)
+            db.execute("UPDATE queue_config SET enabled=1, settings=?, updated_at=? WHERE organization_id=? AND "
+                       "queue_name=?", (dumps(s), now, org, queue))
+        return {"queue_name": queue, "resumed": True, "paused_duration_secs": int(now - since) if since else 0}
+
+    def get_queue_config(self, org: str, queue: str) -> dict:
+        with self._lock:
+            if not self._db.execute("SELECT 1 FROM queue_config WHERE organization_id=? AND queue_name=?",
+                                    (org, queue)).fetchone():
+                raise not_found("Queue not found")
+            return self._config_dict(self._db, org, queue)
+
+    def put_queue_config(self, org: str, queue: str, fields: dict) -> dict:
+        """Upsert; omitted fields keep their values."""
+        now = time.time()
+        with self._tx() as db:
+            self._ensure_config(db, org, queue, now)
+            for col, val in fields.items():
+                db.execute(f"UPDATE queue_config SET {col}=?, updated_at=? WHERE organization_id=? AND queue_name=?",
+                           (val, now, org, queue))
+            return self._config_dict(db, org, queue)
+
+    # ---- background recovery (called by sweeps) ----
+    def sweep_expired_leases(self) -> int:
+        """Expired processing leases -> pending with retry_count+1 (no backoff), or dead-letter."""
+        now = time.time()
+        with self._tx() as db:
+            rows = db.execute("SELECT id, organization_id, queue_name, retry_count, max_retries, payload FROM jobs "
+                              "WHERE status='processing' AND lease_expires_at<=?", (now,)).fetchall()
+            self._recover(db, rows, now, "Lease expired (worker timeout)", "Max retries exceeded after lease expiration")
+        return len(rows)
+
+    def _recover(self, db, rows, now, retry_msg, dead_msg):
+        for jid, org, queue, rc, mr, payload in rows:
+            if rc < mr:
+                db.execute("UPDATE jobs SET status='pending', retry_count=retry_count+1, last_error=?, "
+                           "assigned_worker_id=NULL, lease_id=NULL, lease_expires_at=NULL, updated_at=? WHERE id=?",
+                           (retry_msg, now, jid))
+            else:
+                self._dead_letter(db, org, jid, queue, payload, dead_msg, rc, now)
+
+    def reap_stale_workers(self, offline_after: float) -> tuple[int, int]:
+        """Workers silent for `offline_after` s go offline; processing jobs of offline workers are recovered."""
+        now = time.time()
+        with self._tx() as db:
+            n = db.execute("UPDATE workers SET status='offline', updated_at=? WHERE status IN ('healthy','degraded') "
+                           "AND last_heartbeat<?", (now, now - offline_after)).rowcount
+            rows = db.execute("SELECT j.id, j.organization_id, j.queue_name, j.retry_count, j.max_retries, j.payload "
+                              "FROM jobs j JOIN workers w ON w.id=j.assigned_worker_id AND "
+                              "w.organization_id=j.organization_id WHERE j.status='processing' AND "
+                              "w.status='offline'").fetchall()
+            self._recover(db, rows, now, "Worker went offline", "Max retries exceeded after worker went offline")
+        return n, len(rows)
