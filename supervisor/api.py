@@ -1,0 +1,242 @@
+"""The Spooled REST client: one method per route, typed errors, one attempt per call.
+
+Retrying is the caller's business (the parent loop schedules it, so no thread ever sleeps
+in a back-off). Each thread keeps its own keep-alive connection. The API key lives only
+in the Authorization header; it never appears in an exception, a repr or a log line.
+"""
+
+from __future__ import annotations
+
+import http.client
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+from urllib.parse import quote, urlsplit
+
+import orjson
+
+from supervisor import __version__
+
+USER_AGENT = f"spooled-supervisor/{__version__}"
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, or no answer at all (status 0)."""
+
+    retryable = False
+
+    def __init__(self, status: int, code: str, message: str, body: dict | None = None, retry_after: float | None = None):
+        super().__init__(f"{status} {code}: {message}" if status else f"{code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body or {}
+        self.retry_after = retry_after
+
+
+class Unavailable(ApiError):
+    """Connection refused or reset, a timeout, a cut-off answer, 408 or 5xx: worth retrying."""
+
+    retryable = True
+
+
+class RateLimited(ApiError):
+    """429 RATE_LIMIT_EXCEEDED: retry after `retry_after` seconds."""
+
+    retryable = True
+
+
+class QuotaExceeded(ApiError):
+    """429 QUOTA_EXCEEDED: a plan limit (e.g. the worker cap)."""
+
+
+class Unauthorized(ApiError):
+    """401: the key is wrong, revoked or expired."""
+
+
+class Conflict(ApiError):
+    """409 on a worker route, e.g. a worker id owned by another organization."""
+
+
+class LeaseLost(ApiError):
+    """409 LEASE_EXPIRED or 404 on a job route: this worker no longer holds the job."""
+
+
+class AlreadyFinished(ApiError):
+    """409 CONFLICT 'Job is already <status>' on a job route."""
+
+
+class Rejected(ApiError):
+    """Another 4xx: the request itself was refused (400, 403, 413, 422 ...)."""
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A string that never shows itself in repr, str or a traceback."""
+
+    value: str
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+
+def _retry_after(headers) -> float | None:
+    value = headers.get("Retry-After") if headers else None
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def classify(status: int, body: dict, headers=None, job_route: bool = False) -> ApiError:
+    """Turn a non-2xx answer into the typed error the parent acts on."""
+    code = str(body.get("code") or body.get("error") or status)
+    message = str(body.get("message") or body.get("error") or "")
+    if status == 401:
+        return Unauthorized(status, code, message, body)
+    if status == 429:
+        if code == "QUOTA_EXCEEDED" or body.get("error") == "limit_exceeded":
+            return QuotaExceeded(status, code, message, body)
+        return RateLimited(status, code, message, body, _retry_after(headers) or body.get("retry_after_secs"))
+    if status == 408 or status >= 500:
+        return Unavailable(status, code, message, body, _retry_after(headers))
+    if job_route and (status == 404 or (status == 409 and code.upper() == "LEASE_EXPIRED")):
+        return LeaseLost(status, code, message, body)
+    if job_route and status == 409:
+        return AlreadyFinished(status, code, message, body)
+    if status == 409:
+        return Conflict(status, code, message, body)
+    return Rejected(status, code, message, body)
+
+
+class SpooledAPI:
+    """Thread-safe client: each thread gets its own persistent connection."""
+
+    def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
+                 on_request: Callable[[str, int, float], None] | None = None):
+        parts = urlsplit(base_url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"API URL must be http:// or https:// with a host, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._timeout = timeout
+        self._ssl = ssl.create_default_context(cafile=ca_bundle) if self._https else None
+        self._auth = f"Bearer {api_key.value}"
+        self._local = threading.local()
+        self.on_request = on_request
+
+    def __repr__(self) -> str:
+        return f"SpooledAPI({self.base_url!r})"
+
+    # -- transport --
+    def _connection(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._https:
+                conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            self._local.conn = conn
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
+                resend_on_stale: bool = True):
+        """Send one request and return the decoded JSON (None for an empty body); raise ApiError otherwise."""
+        data = b"" if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
+        headers = {"Authorization": self._auth, "Content-Type": "application/json", "Accept": "application/json",
+                   "User-Agent": USER_AGENT, "Content-Length": str(len(data))}
+        started = time.monotonic()
+        status = 0
+        try:
+            for attempt in (0, 1):
+                conn = self._connection()
+                reused = conn.sock is not None
+                try:
+                    conn.request(method, self._prefix + path, body=data, headers=headers)
+                    resp = conn.getresponse()
+                    raw = resp.read()
+                    break
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    self._drop_connection()
+                    # A kept-alive connection the server already closed: send again once, if allowed.
+                    if attempt == 0 and reused and resend_on_stale:
+                        continue
+                    raise Unavailable(0, "CONNECTION_RESET", f"{type(exc).__name__} talking to {self.base_url}") from None
+                except (OSError, http.client.HTTPException) as exc:
+                    self._drop_connection()
+                    kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
+                    raise Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
+            status = resp.status
+            if resp.getheader("Connection", "").lower() == "close":
+                self._drop_connection()
+            payload = None
+            if raw:
+                try:
+                    payload = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    payload = {"message": raw[:200].decode("utf-8", "replace")}
+            if 200 <= status < 300:
+                return payload
+            raise classify(status, payload if isinstance(payload, dict) else {}, resp.headers, job_route)
+        finally:
+            if self.on_request is not None:
+                self.on_request(route or path, status, time.monotonic() - started)
+
+    # -- worker routes --
+    def register(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict) -> dict:
+        body = {"queue_name": queue, "worker_id": worker_id, "hostname": hostname, "worker_type": "spooled-supervisor",
+                "max_concurrency": max(1, min(100, max_concurrency)), "metadata": metadata, "version": __version__}
+        return self.request("POST", "/api/v1/workers/register", body, route="register", resend_on_stale=False)
+
+    def heartbeat(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
+                  cpu_percent: float | None = None, memory_percent: float | None = None) -> None:
+        body = {"current_jobs": max(0, min(1000, current_jobs)), "status": status}
+        if metadata is not None:
+            body["metadata"] = metadata
+        if cpu_percent is not None:
+            body["cpu_percent"] = cpu_percent
+        if memory_percent is not None:
+            body["memory_percent"] = memory_percent
+        self.request("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
+
+    def deregister(self, worker_id: str) -> None:
+        self.request("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/deregister", None, route="deregister")
+
+    # -- job routes --
+    def claim(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
+        body = {"queue_name": queue, "worker_id": worker_id, "limit": max(1, min(100, limit)), "lease_duration_secs": lease_secs}
+        answer = self.request("POST", "/api/v1/jobs/claim", body, route="claim", resend_on_stale=False)
+        return list((answer or {}).get("jobs") or [])
+
+    def complete(self, job_id: str, worker_id: str, lease_id: str, result) -> None:
+        body = {"worker_id": worker_id, "lease_id": lease_id}
+        if result is not None:
+            body["result"] = result
+        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/complete", body, route="complete", job_route=True)
+
+    def fail(self, job_id: str, worker_id: str, lease_id: str, error: str) -> None:
+        body = {"worker_id": worker_id, "lease_id": lease_id, "error": (error or "Job failed")[:2048]}
+        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/fail", body, route="fail", job_route=True)
+
+    def renew_lease(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> None:
+        body = {"worker_id": worker_id, "lease_id": lease_id, "lease_duration_secs": lease_secs}
+        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat", job_route=True)
+
+    def create_job(self, queue: str, payload, **fields) -> dict:
+        body = {"queue_name": queue, "payload": payload, **{k: v for k, v in fields.items() if v is not None}}
+        return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale="idempotency_key" in fields)

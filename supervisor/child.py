@@ -1,0 +1,124 @@
+"""A child process: import the handler once, then run jobs sent by the parent, one at a time.
+
+Started by the multiprocessing forkserver (a clean single-threaded process), never forked
+from the threaded parent. It ignores SIGINT (a terminal's Ctrl-C reaches the whole group;
+the parent decides), dies with SIGKILL when its parent process dies (PR_SET_PDEATHSIG), and
+exits when the parent's end of the socket closes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import sys
+import traceback
+
+import orjson
+
+from supervisor import wire
+from supervisor.handler import JobContext, call_handler, load_handler
+
+BOOT_ERROR_EXIT = 3
+ERROR_LIMIT = 2048
+PR_SET_PDEATHSIG = 1
+
+
+def set_title(text: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(text)
+    except Exception:  # a title is cosmetic; never let it stop a job
+        pass
+
+
+def die_with_parent(daemon_pid: int) -> None:
+    """SIGKILL this process when its parent (the forkserver, which exits with the daemon) dies."""
+    ppid = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:
+        pass
+    try:
+        os.kill(daemon_pid, 0)
+    except ProcessLookupError:
+        os._exit(1)
+    if os.getppid() != ppid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
+    """`ExceptionType: message` followed by as much of the traceback's tail as fits in `limit`."""
+    head = f"{type(exc).__name__}: {exc}".strip()
+    if len(head) >= limit:
+        return head[: limit - 3] + "..."
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    room = limit - len(head) - 1
+    if room < 40:
+        return head
+    tail = tb[-room:]
+    if len(tb) > room:
+        tail = "..." + tail[3:]
+    return f"{head}\n{tail}"
+
+
+def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
+    """Run one job and build the `done` message; never raises (SystemExit included)."""
+    ctx = JobContext.from_claim(job, worker_id)
+    try:
+        result = call_handler(handler, ctx)
+    except SystemExit as exc:
+        return {"t": "done", "id": job["id"], "ok": False, "error": f"SystemExit: handler called sys.exit({exc.code!r})"}
+    except BaseException as exc:  # KeyboardInterrupt included: the job fails, the child lives
+        return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
+    try:
+        encoded = orjson.dumps(result)
+    except TypeError as exc:
+        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"}
+    if len(encoded) > max_result_bytes:
+        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the {max_result_bytes} byte limit"}
+    return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
+
+
+def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int, parent_pid: int) -> None:
+    """Entry point run by the forkserver for each child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    die_with_parent(parent_pid)
+    sock.setblocking(True)
+    title = f"spooled-supervisor: child {slot}"
+    set_title(f"{title} starting")
+    try:
+        handler = load_handler(handler_spec)
+    except BaseException as exc:
+        try:
+            wire.write_frame(sock, {"t": "boot_error", "error": format_error(exc, 4000)})
+        finally:
+            os._exit(BOOT_ERROR_EXIT)
+    wire.write_frame(sock, {"t": "ready", "pid": os.getpid()})
+    set_title(f"{title} idle")
+    while True:
+        try:
+            msg = wire.read_frame(sock)
+        except (EOFError, OSError):
+            break
+        kind = msg.get("t")
+        if kind == "stop":
+            break
+        if kind != "job":
+            continue
+        job = msg["job"]
+        set_title(f"{title} busy {job['id']}")
+        reply = run_job(handler, job, worker_id, max_result_bytes)
+        try:
+            wire.write_frame(sock, reply)
+        except OSError:
+            break
+        set_title(f"{title} idle")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

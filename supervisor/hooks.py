@@ -1,0 +1,96 @@
+"""What the arbiter reports to the outside: metrics, systemd notify, process title, health port."""
+
+from __future__ import annotations
+
+import time
+
+from supervisor.arbiter import NullHooks
+from supervisor.child import set_title
+from supervisor.config import Config
+
+STATUS_EVERY = 2.0
+
+
+class DaemonHooks(NullHooks):
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.metrics = None
+        self.notifier = None
+        self.health = None
+        self._status_text = ""
+        self._status_sent_at = 0.0
+        self._watchdog_at = 0.0
+        try:
+            from supervisor.metrics import DaemonMetrics
+
+            self.metrics = DaemonMetrics()
+        except ImportError:
+            pass
+        try:
+            from supervisor.notify import Notifier
+
+            self.notifier = Notifier.from_env()
+            self.notifier.unset_env()
+        except ImportError:
+            pass
+
+    def start(self, snapshot) -> None:
+        self._snapshot = snapshot
+        if self.cfg.health_port is not None:
+            from supervisor.health import HealthServer
+
+            self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics)
+            self.health.start()
+
+    def stop(self) -> None:
+        if self.health is not None:
+            self.health.stop()
+
+    # -- arbiter events --
+    def job_finished(self, queue, outcome, duration):
+        if self.metrics:
+            self.metrics.job_finished(queue, outcome, duration)
+
+    def child_restarted(self, reason):
+        if self.metrics:
+            self.metrics.child_restarted(reason)
+
+    def lease_renewed(self, outcome):
+        if self.metrics:
+            self.metrics.lease_renewed(outcome)
+
+    def claimed(self, count):
+        if self.metrics:
+            self.metrics.claimed(count)
+
+    def api_request(self, route, status, seconds):
+        if self.metrics:
+            self.metrics.api_request(route, status, seconds)
+
+    def ready(self, status):
+        if self.notifier:
+            self.notifier.ready(status)
+
+    def stopping(self):
+        if self.notifier:
+            self.notifier.stopping()
+
+    def status(self, text):
+        set_title(text)
+        self._status_text = text
+
+    def tick(self, now):
+        if self.notifier and self.notifier.enabled:
+            if self._status_text and now - self._status_sent_at >= STATUS_EVERY:
+                self._status_sent_at = now
+                self.notifier.status(self._status_text.replace("spooled-supervisor: parent ", ""))
+            interval = self.notifier.watchdog_interval
+            if interval and now - self._watchdog_at >= interval:
+                self._watchdog_at = now
+                self.notifier.watchdog()
+        if self.metrics:
+            snap = None
+            if now - getattr(self, "_gauges_at", 0.0) >= 1.0:
+                self._gauges_at = now
+                snap = self._snapshot()
+                self.metrics.set_gauges(snap)

@@ -1,0 +1,119 @@
+"""Length-prefixed orjson frames between the parent and its children over a socketpair.
+
+A frame is a 4-byte big-endian length followed by that many bytes of orjson.
+Parent side: `Channel` is non-blocking and resumable, so a slow or stuck child never
+blocks the parent loop, and a payload of several MiB goes through in pieces.
+Child side: `read_frame` / `write_frame` block, which is what a child wants.
+
+Messages (`t` is the type):
+  parent -> child: {"t": "job", "job": {...claimed job...}}, {"t": "stop"}
+  child -> parent: {"t": "ready", "pid"}, {"t": "boot_error", "error"},
+                   {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"}
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import orjson
+
+HEADER = struct.Struct("!I")
+MAX_FRAME = 256 * 1024 * 1024
+_READ_CHUNK = 1024 * 1024
+
+
+def encode(msg) -> bytes:
+    body = orjson.dumps(msg)
+    return HEADER.pack(len(body)) + body
+
+
+class Channel:
+    """The parent's end of a child's socket: buffered non-blocking writes, incremental reads."""
+
+    def __init__(self, sock: socket.socket):
+        sock.setblocking(False)
+        self.sock = sock
+        self._out = bytearray()
+        self._in = bytearray()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    @property
+    def wants_write(self) -> bool:
+        return bool(self._out)
+
+    def send(self, msg) -> None:
+        """Queue one message and write as much as the socket takes now; `flush` writes the rest."""
+        self._out += encode(msg)
+        self.flush()
+
+    def flush(self) -> None:
+        """Write queued bytes until the socket would block. Raises OSError if the child is gone."""
+        while self._out:
+            try:
+                n = self.sock.send(self._out)
+            except (BlockingIOError, InterruptedError):
+                return
+            del self._out[:n]
+
+    def receive(self) -> list:
+        """Read what is available and return the complete messages. Raises EOFError at end of stream."""
+        while True:
+            try:
+                chunk = self.sock.recv(_READ_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionResetError:
+                chunk = b""
+            if not chunk:
+                if self._in:
+                    break  # deliver what is complete first; EOF is seen on the next call
+                raise EOFError
+            self._in += chunk
+            if len(chunk) < _READ_CHUNK:
+                break
+        return list(self._take_frames())
+
+    def _take_frames(self):
+        buf = self._in
+        pos = 0
+        while len(buf) - pos >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf, pos)
+            if size > MAX_FRAME:
+                raise EOFError(f"frame of {size} bytes is over the {MAX_FRAME} byte limit")
+            end = pos + HEADER.size + size
+            if len(buf) < end:
+                break
+            yield orjson.loads(memoryview(buf)[pos + HEADER.size:end])
+            pos = end
+        del buf[:pos]
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise EOFError
+        got += n
+    return bytes(buf)
+
+
+def read_frame(sock: socket.socket):
+    """Block until one whole message arrives; EOFError when the parent has gone."""
+    (size,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    return orjson.loads(_recv_exact(sock, size))
+
+
+def write_frame(sock: socket.socket, msg) -> None:
+    sock.sendall(encode(msg))
