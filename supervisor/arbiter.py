@@ -440,7 +440,8 @@ class Arbiter:
                       cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
         elif expected:
             self.respawn_at.pop(child.slot, None)
-            self.hooks.child_restarted(child.stop_reason)
+            if child.stop_reason != "shutdown":
+                self.hooks.child_restarted(child.stop_reason)
             log_event(log, DEBUG, "child stopped", slot=child.slot, pid=child.pid, reason=child.stop_reason, cause=cause)
         else:
             reason = child.stop_reason or "crashed"

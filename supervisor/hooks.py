@@ -19,11 +19,11 @@ class DaemonHooks(NullHooks):
         self.health = None
         self._status_text = ""
         self._status_sent_at = 0.0
-        self._watchdog_at = 0.0
+        self._gauges_at = 0.0
         try:
             from supervisor.metrics import DaemonMetrics
 
-            self.metrics = DaemonMetrics()
+            self.metrics = DaemonMetrics(queues=[cfg.queue])
         except ImportError:
             pass
         try:
@@ -53,19 +53,20 @@ class DaemonHooks(NullHooks):
 
     def child_restarted(self, reason):
         if self.metrics:
-            self.metrics.child_restarted(reason)
+            self.metrics.child_restarts.inc(reason=reason)
 
     def lease_renewed(self, outcome):
         if self.metrics:
-            self.metrics.lease_renewed(outcome)
+            self.metrics.lease_renewals.inc(outcome=outcome)
 
     def claimed(self, count):
         if self.metrics:
-            self.metrics.claimed(count)
+            self.metrics.claims.inc()
+            self.metrics.jobs_claimed.inc(count)
 
     def api_request(self, route, status, seconds):
         if self.metrics:
-            self.metrics.api_request(route, status, seconds)
+            self.metrics.api_request(route, status or "error", seconds)
 
     def ready(self, status):
         if self.notifier:
@@ -84,13 +85,9 @@ class DaemonHooks(NullHooks):
             if self._status_text and now - self._status_sent_at >= STATUS_EVERY:
                 self._status_sent_at = now
                 self.notifier.status(self._status_text.replace("spooled-supervisor: parent ", ""))
-            interval = self.notifier.watchdog_interval
-            if interval and now - self._watchdog_at >= interval:
-                self._watchdog_at = now
-                self.notifier.watchdog()
-        if self.metrics:
-            snap = None
-            if now - getattr(self, "_gauges_at", 0.0) >= 1.0:
-                self._gauges_at = now
-                snap = self._snapshot()
-                self.metrics.set_gauges(snap)
+            self.notifier.watchdog_if_due(now)
+        if self.metrics and now - self._gauges_at >= 1.0:
+            self._gauges_at = now
+            snap = self._snapshot()
+            self.metrics.inflight.set(snap["inflight"])
+            self.metrics.children_alive.set(len(snap["children"]))
