@@ -237,6 +237,14 @@ class SpooledAPI:
         body = {"worker_id": worker_id, "lease_id": lease_id, "lease_duration_secs": lease_secs}
         self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat", job_route=True)
 
+    def bulk_create(self, queue: str, payloads: list, **defaults) -> dict:
+        body = {"queue_name": queue, "jobs": [{"payload": p} for p in payloads],
+                **{k: v for k, v in defaults.items() if v is not None}}
+        return self.request("POST", "/api/v1/jobs/bulk", body, route="bulk_create", resend_on_stale=False)
+
+    def get(self, path: str):
+        return self.request("GET", path, None, route="get")
+
     def create_job(self, queue: str, payload, **fields) -> dict:
         body = {"queue_name": queue, "payload": payload, **{k: v for k, v in fields.items() if v is not None}}
         return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale="idempotency_key" in fields)

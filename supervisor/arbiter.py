@@ -586,7 +586,7 @@ class Arbiter:
             entry.renewing = True
             self.submit(("renew", entry.id, now), self.api.renew_lease, entry.id, self.cfg.worker_id,
                         entry.lease_id, self.cfg.lease)
-        if self.cfg.max_memory_per_child_mb and now >= self.next_memory_check:
+        if now >= self.next_memory_check:
             self.next_memory_check = now + MEMORY_CHECK_EVERY
             self.check_memory(now)
 
@@ -622,8 +622,9 @@ class Arbiter:
             stop_child(child, "lease_lost", now, self.cfg.kill_grace)
 
     def check_memory(self, now: float) -> None:
-        limit = self.cfg.max_memory_per_child_mb * 2**20
-        growth = max(limit // 10, 16 * 2**20)
+        """Read every child's RSS; enforce --max-memory-per-child when set."""
+        limit = self.cfg.max_memory_per_child_mb * 2**20 or float("inf")
+        growth = max(self.cfg.max_memory_per_child_mb * 2**20 // 10, 16 * 2**20)
         for child in list(self.children.values()):
             rss = child.read_rss()
             if rss is None or rss <= limit or child.state == "stopping":

@@ -9,6 +9,7 @@ from supervisor.child import set_title
 from supervisor.config import Config
 
 STATUS_EVERY = 2.0
+API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
 
 
 class DaemonHooks(NullHooks):
@@ -39,7 +40,8 @@ class DaemonHooks(NullHooks):
         if self.cfg.health_port is not None:
             from supervisor.health import HealthServer
 
-            self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics)
+            self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
+                                       max_api_age=API_SILENCE_UNHEALTHY)
             self.health.start()
 
     def stop(self) -> None:

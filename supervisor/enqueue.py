@@ -1,0 +1,72 @@
+"""`python -m supervisor enqueue`: submit jobs to any Spooled API (bulk, 100 at a time)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import orjson
+
+from supervisor.api import ApiError, SpooledAPI
+from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m supervisor enqueue", description="Submit jobs to a Spooled queue. "
+                                "The key comes from SPOOLED_API_KEY or --api-key-file.")
+    p.add_argument("--queue", required=True, help="queue name")
+    p.add_argument("--payload", required=True, help='job payload as JSON, e.g. \'{"ms": 50}\'')
+    p.add_argument("--count", type=int, default=1, help="how many identical jobs (default 1)")
+    p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or DEFAULT_API_URL, help="API base URL (SPOOLED_API_URL)")
+    p.add_argument("--api-key-file", default=os.environ.get("SPOOLED_API_KEY_FILE"), help="file holding the API key")
+    p.add_argument("--api-key", help=argparse.SUPPRESS)
+    p.add_argument("--priority", type=int, help="-100..100")
+    p.add_argument("--max-retries", type=int, help="0..100")
+    p.add_argument("--timeout-seconds", type=int, help="1..86400")
+    p.add_argument("--quiet", action="store_true", help="print only the count, not every job id")
+    return p
+
+
+def enqueue(client: SpooledAPI, queue: str, payload, count: int, **fields) -> list[str]:
+    """Create `count` jobs with `payload`; return their ids."""
+    if count == 1:
+        return [client.create_job(queue, payload, **fields)["id"]]
+    ids: list[str] = []
+    defaults = {"default_priority": fields.get("priority"), "default_max_retries": fields.get("max_retries"),
+                "default_timeout_seconds": fields.get("timeout_seconds")}
+    for start in range(0, count, 100):
+        n = min(100, count - start)
+        answer = client.bulk_create(queue, [payload] * n, **defaults)
+        if answer.get("failed"):
+            raise ApiError(400, "BULK_PARTIAL", f"{len(answer['failed'])} jobs refused: {answer['failed'][0]}")
+        ids += [item["job_id"] for item in answer["succeeded"]]
+    return ids
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        payload = orjson.loads(args.payload)
+    except orjson.JSONDecodeError as exc:
+        sys.stderr.write(f"error: --payload is not valid JSON: {exc}\n")
+        return 2
+    if args.count < 1:
+        sys.stderr.write("error: --count must be 1 or more\n")
+        return 2
+    try:
+        key = read_api_key(args, os.environ)
+        client = SpooledAPI(args.api_url, key)
+    except (ConfigError, ValueError) as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    try:
+        ids = enqueue(client, args.queue, payload, args.count, priority=args.priority,
+                      max_retries=args.max_retries, timeout_seconds=args.timeout_seconds)
+    except ApiError as exc:
+        sys.stderr.write(f"error: the API refused the jobs: {exc}\n")
+        return 1
+    if not args.quiet:
+        sys.stdout.write("".join(f"{job_id}\n" for job_id in ids))
+    sys.stderr.write(f"enqueued {len(ids)} job(s) on {args.queue}\n")
+    return 0
