@@ -144,3 +144,96 @@ def dev_server(tmp_path):
     server = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2"]).start()
     yield server
     server.stop()
+
+
+class Daemon:
+    """A real `python -m supervisor run` subprocess; the key reaches it only through its environment."""
+
+    def __init__(self, server: DevServer, queue: str, handler: str = "supervisor.demo_handlers:misbehave",
+                 procs: int = 2, worker_id: str = "test-worker", args: list[str] | None = None, env: dict | None = None,
+                 key: str | None = None):
+        self.server = server
+        self.queue = queue
+        self.worker_id = worker_id
+        self.cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", handler, "--procs", str(procs),
+                    "--api-url", server.url, "--worker-id", worker_id, "--log-format", "json",
+                    "--poll-interval", "0.2", "--kill-grace", "1", *(args or [])]
+        self.env = dict(os.environ)
+        self.env["SPOOLED_API_KEY"] = key or server.api_key
+        self.env.update(env or {})
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "Daemon":
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        self.out = OutputPump(self.proc.stdout)
+        return self
+
+    def wait_ready(self, timeout: float = 20.0) -> "Daemon":
+        self.out.wait_for(r'"msg":"ready"', timeout)
+        return self
+
+    def events(self, msg: str) -> list[dict]:
+        import json
+
+        found = []
+        for line in list(self.out.lines):
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("msg") == msg:
+                    found.append(record)
+        return found
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+    def child_pids(self) -> list[int]:
+        """Pids of the handler children (grandchildren via the forkserver), found by process title."""
+        import psutil
+
+        pids = []
+        for proc in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "spooled-supervisor: child" in " ".join(proc.cmdline()):
+                    pids.append(proc.pid)
+            except psutil.Error:
+                pass
+        return pids
+
+
+@pytest.fixture
+def daemon_factory(dev_server):
+    started: list[Daemon] = []
+
+    def make(queue: str, **kw) -> Daemon:
+        d = Daemon(dev_server, queue, **kw)
+        started.append(d)
+        return d.start()
+
+    yield make
+    for d in started:
+        d.stop()
+
+
+def wait_for_status(server: DevServer, job_ids, statuses=("completed",), timeout: float = 30.0) -> list[dict]:
+    """Poll until every job reaches one of `statuses`; return the jobs as the server reports them."""
+    def check():
+        jobs = [server.job(j) for j in job_ids]
+        return jobs if all(j["status"] in statuses for j in jobs) else None
+
+    return wait_until(check, timeout=timeout, interval=0.1, what=f"jobs to reach {statuses}")
