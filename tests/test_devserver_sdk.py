@@ -191,3 +191,41 @@ def test_expired_leases_are_recovered_or_fenced(tmp_path):
     finally:
         fast.stop()
         slow.stop()
+
+
+def test_official_sdk_worker_runs_unchanged_against_the_server(dev_server):
+    """SpooledWorker: register, claim, job heartbeats, complete, fail, worker heartbeat, deregister."""
+    import threading
+
+    from spooled.worker import SpooledWorker
+
+    c = sdk(dev_server)
+    ok = [c.jobs.create({"queue_name": "sdkw", "payload": {"n": i}}).id for i in range(6)]
+    slow = c.jobs.create({"queue_name": "sdkw", "payload": {"sleep": 1.3}}).id
+    bad = c.jobs.create({"queue_name": "sdkw", "payload": {"fail": True}, "max_retries": 0}).id
+    worker = SpooledWorker(c, "sdkw", concurrency=4, poll_interval=0.1, lease_duration=5, heartbeat_fraction=0.2,
+                           hostname="sdk-host", worker_id="sdk-worker", shutdown_timeout=5)
+
+    @worker.process
+    def handle(ctx):
+        if ctx.payload.get("fail"):
+            raise RuntimeError("handler exploded")
+        if "sleep" in ctx.payload:
+            time.sleep(ctx.payload["sleep"])  # outlives two 1 s lease-renewal timers
+        return {"double": ctx.payload.get("n", 0) * 2}
+
+    t = threading.Thread(target=worker.start, daemon=True)
+    t.start()
+    try:
+        wait_until(lambda: c.jobs.get_stats().completed == 7 and c.jobs.get_stats().deadletter == 1, timeout=20,
+                   interval=0.1, what="SDK worker to finish every job")
+        assert dev_server.worker("sdk-worker")["status"] == "healthy"
+    finally:
+        worker.stop()
+        t.join(10)
+    assert [c.jobs.get(j).result for j in ok] == [{"double": i * 2} for i in range(6)]
+    assert c.jobs.get(slow).status == "completed"
+    dead = c.jobs.get(bad)
+    assert (dead.status, dead.last_error) == ("deadletter", "handler exploded")
+    w = c.workers.get("sdk-worker")
+    assert (w.status, w.jobs_processed, w.jobs_failed, w.hostname) == ("offline", 7, 1, "sdk-host")
