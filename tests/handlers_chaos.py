@@ -1,0 +1,34 @@
+"""Extra handlers for the resilience tests (imported by the daemon's children as tests.handlers_chaos).
+
+`flaky_boot`: importing this module fails while the file named by $CHAOS_BOOT_FAIL_FLAG exists,
+so a test can make every *new* child die while starting. `slow_first`: long only on the first delivery. `leak`: keeps what it allocates in a
+module global, so the child's RSS stays high after the job (for --max-memory-per-child).
+"""
+
+from __future__ import annotations
+
+import os
+
+from supervisor.demo_handlers import burn_cpu, misbehave
+
+_FLAG = os.environ.get("CHAOS_BOOT_FAIL_FLAG")
+if _FLAG and os.path.exists(_FLAG):
+    raise RuntimeError(f"boot failure requested by {_FLAG}")
+
+_KEPT: list[bytearray] = []
+
+
+def handle(ctx):
+    """`misbehave`, plus {"do": "leak", "mb": N}: allocate N MiB, touch it, keep it for the child's life."""
+    p = ctx.payload if isinstance(ctx.payload, dict) else {}
+    if p.get("do") == "leak":
+        block = bytearray(int(p.get("mb", 64)) * 2**20)
+        for i in range(0, len(block), 4096):  # touch every page so it counts in RSS
+            block[i] = 1
+        _KEPT.append(block)
+        return {"kept_mb": sum(len(b) for b in _KEPT) // 2**20, "pid": os.getpid()}
+    if p.get("do") == "slow_first":  # long CPU work on the first delivery only
+        if ctx.retry_count == 0:
+            burn_cpu(float(p.get("ms", 30000)))
+        return {"retry_count": ctx.retry_count, "pid": os.getpid()}
+    return misbehave(ctx)
