@@ -96,6 +96,7 @@ class Arbiter:
         self.last_boot_failure = -1e9
         self.next_memory_check = 0.0
         self.drain_code = exitcodes.OK
+        self.loop_errors = 0
         # observability
         self.loop_at = time.monotonic()
         self.api_ok_at: float | None = None
@@ -117,7 +118,14 @@ class Arbiter:
         self.converge(now)
         try:
             while self.exit_code is None:
-                self.turn()
+                try:
+                    self.turn()
+                except Exception:  # a bug must not take down the jobs in flight; log it and go on
+                    log.exception("unexpected error in the main loop; carrying on")
+                    self.loop_errors += 1
+                    if self.loop_errors > 100:
+                        raise
+                    time.sleep(0.1)
         finally:
             self.shutdown_children()
             signal.set_wakeup_fd(-1)

@@ -45,11 +45,8 @@ class Child:
     rss: int | None = None
     rss_at_breach: int | None = None
     boot_error: str | None = None
+    pid: int | None = None
     _ps: psutil.Process | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid
 
     def ps(self) -> psutil.Process | None:
         if self._ps is None and self.pid:
@@ -87,7 +84,7 @@ def spawn_child(slot: int, generation: int, now: float, handler: str, worker_id:
     finally:
         child_end.close()
     return Child(slot=slot, proc=proc, chan=Channel(parent_end), generation=generation, started_at=now,
-                 job_quota=job_quota(max_jobs))
+                 job_quota=job_quota(max_jobs), pid=proc.pid)
 
 
 def signal_child(child: Child, sig: int) -> None:

@@ -51,7 +51,9 @@ def misbehave(ctx):
         time.sleep(float(p.get("secs", 1)))
         return {"slept": p.get("secs", 1), "pid": os.getpid()}
     if action == "cpu":
-        return {"checksum": burn_cpu(float(p.get("ms", 50))), "pid": os.getpid()}
+        t0 = time.time()
+        checksum = burn_cpu(float(p.get("ms", 50)))
+        return {"checksum": checksum, "pid": os.getpid(), "t0": t0, "t1": time.time()}
     if action == "exit":
         raise SystemExit(int(p.get("code", 1)))
     if action == "os_exit":
