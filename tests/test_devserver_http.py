@@ -193,8 +193,8 @@ def test_scheduled_jobs_and_queue_pause(dev_server):
     r = s.request("POST", "/api/v1/queues/sq/pause", json={"reason": "maintenance"})
     assert r.status_code == 200 and r.json()["paused"] is True and r.json()["reason"] == "maintenance"
     assert s.request("POST", "/api/v1/queues/never-seen/pause").status_code == 404
-    time.sleep(1.6)  # let the schedule come due while paused (a time condition, not a poll)
-    assert claim(s, "sq") == []
+    wait_until(lambda: s.job(jid)["status"] == "pending", timeout=5, what="scheduled job to come due")
+    assert claim(s, "sq") == []  # due, but the queue is paused
     r = s.request("POST", "/api/v1/queues/sq/resume")
     assert r.status_code == 200 and r.json()["resumed"] is True
     assert [j["id"] for j in claim(s, "sq")] == [jid]

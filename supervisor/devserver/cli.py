@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(args.db)
         key = store.bootstrap(args.api_key)
     except Exception as e:
-        print(f"error: cannot open database {args.db!r}: {e}", file=sys.stderr, flush=True)
+        print(f"error: cannot start on database {args.db!r}: {e}", file=sys.stderr, flush=True)
         return 2
     cfg = Config(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
                  max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,

@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS jobs(
   dependency_mode TEXT, dependencies_met INTEGER);
 CREATE INDEX IF NOT EXISTS jobs_ready ON jobs(organization_id, queue_name, priority DESC, created_at)
   WHERE status IN ('pending','scheduled');
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs(scheduled_at) WHERE status = 'scheduled';
 CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_expires_at) WHERE status = 'processing';
 CREATE INDEX IF NOT EXISTS jobs_assigned ON jobs(assigned_worker_id) WHERE status = 'processing';
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idem ON jobs(organization_id, idempotency_key)
@@ -647,9 +648,14 @@ class Store:
 
     # ---- background recovery (called by sweeps) ----
     def sweep_expired_leases(self) -> int:
-        """Expired processing leases -> pending with retry_count+1 (no backoff), or dead-letter."""
+        """Expired processing leases -> pending with retry_count+1 (no backoff), or dead-letter.
+
+        Also activates due scheduled jobs (status scheduled -> pending), as the real scheduler does.
+        """
         now = time.time()
         with self._tx() as db:
+            db.execute("UPDATE jobs SET status='pending', updated_at=? WHERE status='scheduled' AND scheduled_at<=?",
+                       (now, now))
             rows = db.execute("SELECT id, organization_id, queue_name, retry_count, max_retries, payload FROM jobs "
                               "WHERE status='processing' AND lease_expires_at<=?", (now,)).fetchall()
             self._recover(db, rows, now, "Lease expired (worker timeout)", "Max retries exceeded after lease expiration")
