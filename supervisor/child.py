@@ -34,8 +34,25 @@ def set_title(text: str) -> None:
         pass
 
 
+def release_forkserver() -> None:
+    """Close this child's copy of the forkserver's keep-alive pipe (multiprocessing hands one to every
+    child). Otherwise a busy child keeps the forkserver alive after the daemon is SIGKILLed, and the
+    forkserver keeps the child alive (PR_SET_PDEATHSIG): orphans burning CPU for ever."""
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver
+        fd = getattr(server, "_forkserver_alive_fd", None)
+        if fd is not None:
+            server._forkserver_alive_fd = None
+            os.close(fd)
+    except Exception:
+        pass
+
+
 def die_with_parent(daemon_pid: int) -> None:
     """SIGKILL this process when its parent (the forkserver, which exits with the daemon) dies."""
+    release_forkserver()
     ppid = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
