@@ -1,0 +1,254 @@
+"""Issue 4, an API that is slow, failing or refusing: outages, timeouts, 503s, cut answers, 429, 401, 409.
+
+The real daemon against the real dev server (stopped, restarted, or told to misbehave through its
+fault switches); outcomes are read back from the server's records, exit codes and the daemon's log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from datetime import datetime
+
+import psutil
+import pytest
+
+from conftest import Daemon, DevServer, wait_for_status, wait_until
+
+DONE = ("completed", "failed", "deadletter")
+
+
+def parse_ts(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def busy_child(daemon: Daemon, job_id: str) -> int:
+    def find():
+        for pid in daemon.child_pids():
+            try:
+                if job_id in " ".join(psutil.Process(pid).cmdline()):
+                    return pid
+            except psutil.Error:
+                pass
+        return None
+
+    return wait_until(find, timeout=10, what=f"a child busy with {job_id}")
+
+
+def new_org(server: DevServer, slug: str) -> str:
+    r = server.request("POST", "/api/v1/organizations", json={"name": f"Org {slug}", "slug": slug})
+    assert r.status_code == 201, r.text
+    return r.json()["api_key"]["key"]
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--heartbeat-interval", "1"]).start()
+    yield s
+    s.stop()
+
+
+@pytest.mark.timeout(60)
+def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(server, tmp_path):
+    d = Daemon(server, "outage", procs=2).start()
+    try:
+        d.wait_ready()
+        ids = [server.enqueue("outage", {"do": "sleep", "secs": 1.5}) for _ in range(2)]
+        for job_id in ids:
+            busy_child(d, job_id)
+        server.stop()  # connection refused from now on
+        down_at = time.time()
+        # The jobs finish while the API is down; the daemon keeps their results and keeps trying.
+        wait_until(lambda: {e["job_id"] for e in d.events("complete not delivered yet; will retry")} >= set(ids),
+                   timeout=10, what="both results held back during the outage")
+        assert all("NETWORK_ERROR" in e["error"] or "CONNECTION" in e["error"]
+                   for e in d.events("complete not delivered yet; will retry"))
+        wait_until(lambda: d.events("claim failed") and d.events("heartbeat failed"), timeout=10,
+                   what="claims and heartbeats failing during the outage")
+        assert d.proc.poll() is None  # the daemon never exits because the API is down
+
+        server = DevServer(server.db, port=server.port, extra=server.extra).start()  # same port, same records
+        up_at = time.time()
+        jobs = wait_for_status(server, ids, DONE, timeout=30)
+        for job in jobs:
+            assert job["status"] == "completed" and job["retry_count"] == 0, job  # delivered, not redone
+            assert job["result"]["slept"] == 1.5
+            assert down_at < parse_ts(job["completed_at"])
+        # Claiming and heartbeats resume by themselves.
+        more = server.enqueue("outage", {"do": "echo"})
+        assert wait_for_status(server, [more], timeout=15)[0]["status"] == "completed"
+        wait_until(lambda: parse_ts(server.worker("test-worker")["last_heartbeat"]) > up_at, timeout=15,
+                   what="a heartbeat after the API came back")
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+        server.stop()
+    assert d.proc.returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_api_never_stalls_the_loop(server):
+    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "1", "--drain-timeout", "20"]).start()
+    try:
+        d.wait_ready()
+        job_id = server.enqueue("slow", {"do": "sleep", "secs": 60}, max_retries=0)
+        victim = busy_child(d, job_id)
+        r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 4000, "cut": 0})
+        assert r.status_code == 200, r.text
+        # With every API call hanging 4 s, a child's death is still seen at once...
+        wait_until(lambda: d.events("claim failed"), timeout=15, what="a claim timing out")
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        died = wait_until(lambda: d.events("child died during a job"), timeout=5, what="the death noticed")[0]
+        assert parse_ts(died["ts"]) - killed < 0.5, died
+        wait_until(lambda: len(d.child_pids()) == 2, timeout=5, what="the child replaced")
+        assert any("TIMEOUT" in e["error"] for e in d.events("claim failed"))
+        # ...and so is a signal.
+        d.signal(signal.SIGTERM)
+        signalled = time.time()
+        draining = wait_until(lambda: d.events("stop signal: draining"), timeout=5, what="the drain to start")[0]
+        assert parse_ts(draining["ts"]) - signalled < 0.5
+        # The failure report waits for the API; once it answers again it is delivered and the daemon exits 0.
+        wait_until(lambda: d.events("fail not delivered yet; will retry"), timeout=15, what="the report retried")
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        assert d.wait(30) == 0
+        job = server.job(job_id)
+        assert job["status"] == "deadletter"
+        assert f"(pid {victim}) killed by SIGKILL (possibly out of memory)" in job["last_error"]
+    finally:
+        d.stop()
+
+
+@pytest.mark.timeout(90)
+def test_503s_and_cut_answers_lose_no_job(tmp_path):
+    server = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25",
+                                                       "--fault-cut", "0.1", "--fault-seed", "4"]).start()
+    d = Daemon(server, "faulty", procs=2, args=["--lease", "5"]).start()
+    try:
+        # Enqueue with the faults off for the test's own client, then turn them back on.
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        ids = [server.enqueue("faulty", {"do": "echo", "n": i}, max_retries=10) for i in range(30)]
+        server.request("POST", "/_dev/faults", json={"fail_503": 0.25, "delay_ms": 0, "cut": 0.1})
+
+        def all_completed():
+            server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+            try:
+                jobs = [server.job(j) for j in ids]
+            finally:
+                server.request("POST", "/_dev/faults", json={"fail_503": 0.25, "delay_ms": 0, "cut": 0.1})
+            return jobs if all(j["status"] == "completed" for j in jobs) else None
+
+        jobs = wait_until(all_completed, timeout=60, interval=0.5, what="all 30 jobs completed despite faults")
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        assert sorted(j["result"]["echo"]["n"] for j in jobs) == list(range(30))
+        stats = server.stats()
+        assert stats["processing"] == 0 and stats["deadletter"] == 0 and stats["pending"] == 0, stats
+        failed_claims = d.events("claim failed")
+        assert any("503" in e["error"] for e in failed_claims), failed_claims[:3]
+        assert d.proc.poll() is None
+    finally:
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        d.stop()
+        server.stop()
+    assert d.proc.returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_429_honours_retry_after(tmp_path):
+    server = DevServer(str(tmp_path / "dev.db"), extra=["--rate-limit", "3", "--rate-burst", "3"]).start()
+    d = Daemon(server, "limited", procs=2, args=["--poll-interval", "0.05"]).start()
+    try:
+        ids = []
+        for i in range(6):
+            ids.append(wait_until(lambda: (lambda r: r.json()["id"] if r.status_code == 201 else None)(
+                server.request("POST", "/api/v1/jobs", json={"queue_name": "limited", "payload": {"do": "echo"}})),
+                timeout=10, interval=0.3, what="an enqueue under the rate limit"))
+
+        def done():
+            r = server.request("GET", "/api/v1/jobs?queue_name=limited&status=completed&limit=50")
+            return r.status_code == 200 and len(r.json()) >= 6
+
+        wait_until(done, timeout=40, interval=1.0, what="six jobs completed under a 3 rps limit")
+        limited = [e for e in d.events("claim failed") if "429" in e["error"]]
+        assert limited, "the daemon never hit the rate limit"
+        assert all(e["retry_in"] >= 1.0 for e in limited), limited  # Retry-After: 1 (at least)
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_quota_exceeded_at_registration_retries_with_back_off(tmp_path):
+    server = DevServer(str(tmp_path / "dev.db"), extra=["--max-workers", "1"]).start()
+    r = server.request("POST", "/api/v1/workers/register",
+                       json={"queue_name": "cap", "worker_id": "squatter", "hostname": "elsewhere"})
+    assert r.status_code in (200, 201), r.text
+    d = Daemon(server, "cap", procs=1).start()
+    try:
+        events = wait_until(lambda: (lambda ev: ev if len(ev) >= 2 else None)(
+            d.events("worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after about 2 minutes, "
+                     "retrying registration")), timeout=15, what="two registration retries")
+        assert events[0]["level"] == "warning" and "QUOTA_EXCEEDED" in events[0]["error"]
+        assert 0.5 <= events[0]["retry_in"] <= 1.0 and 1.0 <= events[1]["retry_in"] <= 2.0, events
+        assert d.proc.poll() is None and server.worker("test-worker") is None
+        assert server.request("POST", "/api/v1/workers/squatter/deregister").status_code in (200, 204)
+        d.wait_ready(timeout=20)
+        assert server.worker("test-worker")["status"] == "healthy"
+        job = server.enqueue("cap", {"do": "echo"})
+        assert wait_for_status(server, [job], timeout=10)[0]["status"] == "completed"
+    finally:
+        d.stop()
+        server.stop()
+
+
+@pytest.mark.timeout(30)
+def test_401_at_start_exits_4(server):
+    d = Daemon(server, "auth", key="sp_test_" + "0" * 40).start()
+    assert d.wait(20) == 4
+    stop = d.events("stopping: unauthorized")
+    assert stop and "401" in stop[0]["error"]
+    assert server.worker("test-worker") is None
+
+
+@pytest.mark.timeout(60)
+def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
+    key = new_org(server, "revoked-org")
+    d = Daemon(server, "auth", procs=2, key=key).start()
+    try:
+        d.wait_ready()
+        r = server.request("POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}},
+                           key=key)
+        job_id = r.json()["id"]
+        busy_child(d, job_id)
+        started = time.monotonic()
+        # Revoke the key: stop the server, delete the key's row, start it again on the same port.
+        server.stop()
+        with sqlite3.connect(server.db) as db:
+            assert db.execute("DELETE FROM api_keys WHERE organization_id=(SELECT id FROM organizations "
+                              "WHERE slug='revoked-org')").rowcount == 1
+        server2 = DevServer(server.db, port=server.port, extra=server.extra).start()
+        try:
+            assert d.wait(30) == 4
+            assert time.monotonic() - started >= 2.5  # it let the running job finish before exiting
+            assert d.events("stopping: unauthorized")
+            assert d.events("drained: no job in flight")
+            assert not d.events("job timed out; stopping its child")
+        finally:
+            server2.stop()
+    finally:
+        d.stop()
+
+
+@pytest.mark.timeout(30)
+def test_409_worker_id_owned_by_another_org_exits_5(server):
+    other = new_org(server, "other-org")
+    r = server.request("POST", "/api/v1/workers/register",
+                       json={"queue_name": "taken", "worker_id": "shared-id", "hostname": "elsewhere"}, key=other)
+    assert r.status_code in (200, 201), r.text
+    d = Daemon(server, "taken", worker_id="shared-id").start()
+    assert d.wait(20) == 5
+    line = d.events("worker id 'shared-id' belongs to another organization; choose another --worker-id")
+    assert line and line[0]["level"] == "error" and "409" in line[0]["error"]
