@@ -1,0 +1,47 @@
+"""A tiny run of benchmarks/run.py, so the benchmark script keeps working (< 30 s).
+
+Checks that the JSON has every section with sane values; the figures themselves are not
+asserted (this machine is shared and a test is no benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_benchmark_script_tiny_run(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
+           "--noop-jobs", "100", "--latency-samples", "3", "--scaling", "1,2", "--idle-seconds", "0.2",
+           "--json", str(out), "--no-markdown"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for section in ("machine", "config", "efficiency", "sdk", "overhead", "latency", "memory", "scaling", "targets"):
+        assert section in r, section
+    assert r["machine"]["cores"] >= 1 and r["machine"]["python"]
+    assert [e["ms"] for e in r["efficiency"]] == [5.0, 20.0]
+    for e in r["efficiency"]:
+        assert e["completed"] == e["jobs"] > 0
+        assert 0 < e["daemon_efficiency"] <= 1.5 and 0 < e["pool_efficiency"] <= 1.5
+        assert e["daemon_over_pool"] > 0 and e["parent_cpu_us_per_job"] >= 0
+    assert r["sdk"]["poll_interval_s"] > 0
+    for s in r["sdk"]["rows"]:
+        assert s["completed"] == s["jobs"] > 0 and s["sdk_jobs_per_s"] > 0 and s["ratio"] > 0
+    o = r["overhead"]
+    assert o["completed"] == o["noop_jobs"] == 100
+    assert o["noop_jobs_per_s"] > 0 and o["parent_cpu_us_per_job"] > 0 and o["server_cpu_us_per_job"] >= 0
+    la = r["latency"]
+    assert la["samples"] == 3
+    assert 0 <= la["claim_to_start_ms"]["p50"] <= la["enqueue_to_start_ms"]["p99"] + 1e-6 < 30_000
+    m = r["memory"]
+    assert m["children"] == r["config"]["procs"] and 0 < m["parent_rss_mib"] < 1024 and m["child_rss_mib"] > 0
+    assert [s["procs"] for s in r["scaling"]["rows"]] == [1, 2]
+    assert all(s["completed"] == s["jobs"] and s["jobs_per_s"] > 0 for s in r["scaling"]["rows"])
+    assert {t["name"] for t in r["targets"]} and all(isinstance(t["met"], bool) for t in r["targets"])
+    assert "efficiency" in proc.stdout and "targets" in proc.stdout
