@@ -79,6 +79,8 @@ class Arbiter:
         self.register_attempts = 0
         self.heartbeat_interval = 10.0
         self.heartbeat_inflight = False
+        self.next_heartbeat_at = float("inf")
+        self.recent_crashes: list[float] = []
         self.draining = False
         self.drain_deadline: float | None = None
         self.stop_now = False
@@ -155,6 +157,7 @@ class Arbiter:
         self.handle_api_results(now)
         self.run_timers(now)
         self.enforce_deadlines(now)
+        self.send_heartbeat(now)
         if self.exit_code is not None:
             return
         self.converge(now)
@@ -177,6 +180,8 @@ class Arbiter:
             times.append(self.next_claim_at)
         if self.drain_deadline is not None:
             times.append(self.drain_deadline)
+        if self.registered and not self.heartbeat_inflight:
+            times.append(self.next_heartbeat_at)
         return min(times)
 
     def _drain_wake(self) -> None:
@@ -229,7 +234,7 @@ class Arbiter:
         self.drain_code = code
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
-        self.send_heartbeat()
+        self.next_heartbeat_at = now  # tell the API `draining` now
 
     def stop_at_once(self, now: float) -> None:
         for child in list(self.children.values()):
@@ -453,6 +458,8 @@ class Arbiter:
             log_event(log, DEBUG, "child stopped", slot=child.slot, pid=child.pid, reason=child.stop_reason, cause=cause)
         else:
             reason = child.stop_reason or "crashed"
+            if reason == "crashed":
+                self.recent_crashes.append(now)
             self.respawn_at.pop(child.slot, None)
             self.hooks.child_restarted(reason)
             level = INFO if child.stop_reason in ("timeout", "lease_lost") else WARNING
@@ -673,7 +680,7 @@ class Arbiter:
             self.heartbeat_interval = float(max(1, int((answer or {}).get("heartbeat_interval_secs") or 10)))
             log_event(log, INFO, "registered", worker_id=self.cfg.worker_id, queue=self.cfg.queue,
                       heartbeat_interval=self.heartbeat_interval)
-            self.after(self.heartbeat_interval, self.send_heartbeat)
+            self.next_heartbeat_at = now + self.heartbeat_interval
             self.maybe_announce_ready()
             return
         if isinstance(error, api.Unauthorized):
@@ -701,16 +708,21 @@ class Arbiter:
             self.finish(self.drain_code)
 
     def worker_status(self) -> str:
+        """`draining`, `degraded` while children are crash-looping, else `healthy`."""
         if self.draining:
             return "draining"
-        if time.monotonic() - self.last_boot_failure < DEGRADED_FOR and self.boot_failures:
+        now = time.monotonic()
+        self.recent_crashes = [t for t in self.recent_crashes if now - t < DEGRADED_FOR]
+        if (self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or len(self.recent_crashes) >= 3:
             return "degraded"
         return "healthy"
 
-    def send_heartbeat(self) -> None:
-        if not self.registered or self.heartbeat_inflight or self.exit_code is not None:
+    def send_heartbeat(self, now: float) -> None:
+        """Send the worker heartbeat when it is due; one at a time, on the interval the API gave."""
+        if not self.registered or self.heartbeat_inflight or now < self.next_heartbeat_at:
             return
         self.heartbeat_inflight = True
+        self.next_heartbeat_at = now + self.heartbeat_interval
         cpu, mem = self.tree_usage()
         busy = sum(1 for c in self.children.values() if c.state == "busy")
         metadata = {"procs": self.target, "busy": busy, "children": len(self.children), "pid": os.getpid(),
@@ -720,17 +732,17 @@ class Arbiter:
 
     def on_heartbeat(self, error, now: float) -> None:
         self.heartbeat_inflight = False
-        if self.exit_code is not None:
+        if error is None or self.exit_code is not None:
             return
         if isinstance(error, api.Rejected) and error.status == 404:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
             self.registered = False
+            self.next_heartbeat_at = float("inf")
             self.register()
-            return
-        self.after(self.heartbeat_interval, self.send_heartbeat)
-        if isinstance(error, api.Unauthorized):
+        elif isinstance(error, api.Unauthorized):
             self.fatal(exitcodes.AUTH, error)
-        elif error is not None:
+        else:
+            self.next_heartbeat_at = min(self.next_heartbeat_at, now + min(self.heartbeat_interval, 2.0))
             log_event(log, WARNING, "heartbeat failed", error=str(error))
 
     def tree_usage(self) -> tuple[float, float]:
