@@ -1,0 +1,163 @@
+"""Issue 4, security: the API key never leaks (logs, titles, argv, exception text, children's environment);
+TLS verification stays on (--ca-bundle for a private CA); plain http:// off loopback is refused.
+"""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import ssl
+import subprocess
+import threading
+
+import psutil
+import pytest
+import requests
+
+from conftest import PY, ROOT, Daemon, free_port, wait_for_status, wait_until
+from supervisor import api
+from supervisor.config import ConfigError, load_config
+
+
+def proc_text(pid: int) -> tuple[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        environ = f.read().decode("utf-8", "replace")
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmdline = f.read().decode("utf-8", "replace")
+    return environ, cmdline
+
+
+@pytest.mark.timeout(60)
+def test_the_key_never_shows_in_logs_titles_argv_or_the_childrens_environment(dev_server):
+    key = dev_server.api_key
+    d = Daemon(dev_server, "secret", procs=2, args=["--log-level", "DEBUG"]).start()
+    try:
+        d.wait_ready()
+        assert key not in " ".join(d.cmd)  # the key reaches the daemon only through its environment
+        ids = [dev_server.enqueue("secret", {"do": "env"}), dev_server.enqueue("secret", {"do": "raise", "message": "x"},
+                                                                               max_retries=0)]
+        # Make the API fail for a while so error paths log too.
+        dev_server.request("POST", "/_dev/faults", json={"fail_503": 1.0, "delay_ms": 0, "cut": 0})
+        wait_until(lambda: d.events("claim failed"), timeout=10, what="a failed claim logged")
+        dev_server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        jobs = wait_for_status(dev_server, ids, ("completed", "deadletter"), timeout=20)
+        child_env = jobs[0]["result"]["env"]
+        assert "SPOOLED_API_KEY" not in child_env and key not in repr(child_env)
+        assert jobs[1]["last_error"].startswith("ValueError: x")
+
+        # Every process under the daemon: forkserver, resource tracker and each child.
+        descendants = psutil.Process(d.proc.pid).children(recursive=True)
+        titles = [p for p in descendants if "spooled-supervisor: child" in " ".join(p.cmdline())]
+        assert len(titles) == 2
+        for proc in descendants:
+            environ, cmdline = proc_text(proc.pid)
+            assert key not in environ and "SPOOLED_API_KEY" not in environ, proc
+            assert key not in cmdline, proc
+        parent_title = " ".join(psutil.Process(d.proc.pid).cmdline())
+        assert "spooled-supervisor: parent" in parent_title and key not in parent_title
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0
+    assert key not in d.out.text()
+    assert d.events("claim failed")  # there were error lines, and they are clean
+
+
+def test_the_key_never_shows_in_exception_text_or_reprs():
+    key = "sp_test_" + "k" * 40
+    client = api.SpooledAPI(f"http://127.0.0.1:{free_port()}", api.Secret(key), timeout=1)
+    with pytest.raises(api.Unavailable) as info:
+        client.claim("q", "w", 1, 30)
+    text = f"{info.value} {info.value!r} {info.value.args} {client!r}"
+    assert "Connection" in text or "NETWORK_ERROR" in text
+    assert key not in text
+    cfg = load_config(["--queue", "q", "--handler", "m:f", "--api-url", "http://127.0.0.1:1"], {"SPOOLED_API_KEY": key})
+    assert key not in repr(cfg) and key not in str(cfg.api_key)
+
+
+def test_plain_http_to_another_host_is_refused_unless_allowed():
+    env = {"PATH": "/usr/bin:/bin", "SPOOLED_API_KEY": "sp_test_" + "a" * 40}
+    r = subprocess.run([PY, "-m", "supervisor", "run", "--queue", "q", "--handler", "supervisor.demo_handlers:noop",
+                        "--api-url", "http://api.example.com"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: refusing plain http:// to api.example.com"), r.stderr
+    assert "sp_test_" not in r.stderr + r.stdout
+    cfg = load_config(["--queue", "q", "--handler", "m:f", "--api-url", "http://api.example.com", "--allow-insecure-http"],
+                      env)
+    assert cfg.allow_insecure_http and cfg.api_url == "http://api.example.com"
+    for url in ("http://127.0.0.1:8787", "http://localhost:8787", "http://[::1]:8787"):
+        assert load_config(["--queue", "q", "--handler", "m:f", "--api-url", url], env).api_url == url
+    with pytest.raises(ConfigError, match="--ca-bundle /nonexistent.pem is not a readable file"):
+        load_config(["--queue", "q", "--handler", "m:f", "--ca-bundle", "/nonexistent.pem"], env)
+
+
+class _TlsProxy(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+
+def tls_proxy(cert: str, key: str, upstream: str) -> tuple[_TlsProxy, int]:
+    """An HTTPS front for the dev server, with a certificate from a private CA (self-signed)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _forward(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
+            r = requests.request(self.command, upstream + self.path, data=body, headers=headers, timeout=10)
+            self.send_response(r.status_code)
+            for k, v in r.headers.items():
+                if k.lower() in ("content-type", "retry-after"):
+                    self.send_header(k, v)
+            self.send_header("Content-Length", str(len(r.content)))
+            self.end_headers()
+            self.wfile.write(r.content)
+
+        do_GET = do_POST = _forward
+
+    port = free_port()
+    server = _TlsProxy(("127.0.0.1", port), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, port
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_tls_is_verified_and_a_private_ca_works_with_ca_bundle(dev_server, tmp_path):
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=30)
+    proxy, port = tls_proxy(cert, key, dev_server.url)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        # Without the CA: the certificate is refused, nothing registers, and the daemon keeps retrying.
+        untrusted = Daemon(dev_server, "tls", procs=1, worker_id="tls-untrusted", args=["--api-url", url]).start()
+        try:
+            failed = wait_until(lambda: untrusted.events("registration failed; retrying"), timeout=15,
+                                what="registration refused over an untrusted certificate")
+            assert "CERTIFICATE_VERIFY_FAILED" in failed[0]["error"], failed[0]
+            assert dev_server.worker("tls-untrusted") is None and untrusted.proc.poll() is None
+        finally:
+            untrusted.stop()
+        # With --ca-bundle: verified, registered, and a job runs.
+        trusted = Daemon(dev_server, "tls", procs=1, worker_id="tls-trusted",
+                         args=["--api-url", url, "--ca-bundle", cert]).start()
+        try:
+            trusted.wait_ready()
+            job = dev_server.enqueue("tls", {"do": "echo"})
+            assert wait_for_status(dev_server, [job], timeout=15)[0]["status"] == "completed"
+            assert dev_server.worker("tls-trusted")["status"] == "healthy"
+        finally:
+            trusted.stop()
+        assert trusted.proc.returncode == 0
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
