@@ -9,6 +9,7 @@ import sys
 from supervisor import exitcodes
 from supervisor.api import SpooledAPI
 from supervisor.arbiter import Arbiter
+from supervisor.children import start_forkserver
 from supervisor.config import ConfigError, load_config
 from supervisor.hooks import DaemonHooks
 from supervisor.logs import setup_logging
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
+    start_forkserver()  # before the health thread: no process is ever forked from a threaded one
     hooks = DaemonHooks(cfg)
     client = SpooledAPI(cfg.api_url, cfg.api_key, timeout=cfg.api_timeout, ca_bundle=cfg.ca_bundle,
                         on_request=hooks.api_request)
