@@ -7,7 +7,6 @@ in the Authorization header; it never appears in an exception, a repr or a log l
 
 from __future__ import annotations
 
-import http.client
 import ssl
 import threading
 import time
@@ -18,6 +17,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from supervisor import __version__
+from supervisor.httpconn import Connection, StaleConnection
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -84,6 +84,13 @@ class Secret:
     __str__ = __repr__
 
 
+class _Headers(dict):
+    """Lower-cased response headers that answer case-insensitive lookups."""
+
+    def get(self, key, default=None):
+        return super().get(key.lower(), default)
+
+
 def _retry_after(headers) -> float | None:
     value = headers.get("Retry-After") if headers else None
     if not value:
@@ -130,7 +137,8 @@ class SpooledAPI:
         self._prefix = parts.path.rstrip("/")
         self._timeout = timeout
         self._ssl = ssl.create_default_context(cafile=ca_bundle) if self._https else None
-        self._auth = f"Bearer {api_key.value}"
+        self._headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",
+                         "Accept": "application/json", "User-Agent": USER_AGENT}
         self._local = threading.local()
         self.on_request = on_request
 
@@ -138,52 +146,30 @@ class SpooledAPI:
         return f"SpooledAPI({self.base_url!r})"
 
     # -- transport --
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            if self._https:
-                conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._ssl)
-            else:
-                conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-            self._local.conn = conn
+            conn = self._local.conn = Connection(self._host, self._port, self._timeout, self._ssl)
         return conn
-
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            conn.close()
 
     def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
                 resend_on_stale: bool = True):
         """Send one request and return the decoded JSON (None for an empty body); raise ApiError otherwise."""
         data = b"" if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-        headers = {"Authorization": self._auth, "Content-Type": "application/json", "Accept": "application/json",
-                   "User-Agent": USER_AGENT, "Content-Length": str(len(data))}
         started = time.monotonic()
         status = 0
+        conn = self._connection()
         try:
-            for attempt in (0, 1):
-                conn = self._connection()
-                reused = conn.sock is not None
-                try:
-                    conn.request(method, self._prefix + path, body=data, headers=headers)
-                    resp = conn.getresponse()
-                    raw = resp.read()
-                    break
-                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                    self._drop_connection()
-                    # A kept-alive connection the server already closed: send again once, if allowed.
-                    if attempt == 0 and reused and resend_on_stale:
-                        continue
-                    raise Unavailable(0, "CONNECTION_RESET", f"{type(exc).__name__} talking to {self.base_url}") from None
-                except (OSError, http.client.HTTPException) as exc:
-                    self._drop_connection()
-                    kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
-                    raise Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
-            status = resp.status
-            if resp.getheader("Connection", "").lower() == "close":
-                self._drop_connection()
+            try:
+                status, headers, raw = conn.request(method, self._prefix + path, self._headers, data)
+            except StaleConnection:
+                # A kept-alive connection the server had already closed: send again once, if allowed.
+                if not resend_on_stale:
+                    raise Unavailable(0, "CONNECTION_RESET", f"connection to {self.base_url} closed before the answer") from None
+                status, headers, raw = conn.request(method, self._prefix + path, self._headers, data)
+            except (OSError, ValueError) as exc:
+                kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
+                raise Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
             payload = None
             if raw:
                 try:
@@ -192,7 +178,9 @@ class SpooledAPI:
                     payload = {"message": raw[:200].decode("utf-8", "replace")}
             if 200 <= status < 300:
                 return payload
-            raise classify(status, payload if isinstance(payload, dict) else {}, resp.headers, job_route)
+            raise classify(status, payload if isinstance(payload, dict) else {}, _Headers(headers), job_route)
+        except (OSError, ValueError) as exc:  # a resend that failed too
+            raise Unavailable(0, "NETWORK_ERROR", f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
         finally:
             if self.on_request is not None:
                 self.on_request(route or path, status, time.monotonic() - started)

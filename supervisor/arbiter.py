@@ -400,12 +400,11 @@ class Arbiter:
         entry = self.inflight.get(job_id)
         if entry is None or entry.slot != child.slot:
             log_event(log, DEBUG, "result for a job no longer held; dropped", job_id=job_id, pid=child.pid)
+            entry = None
         else:
             outcome = ("complete", msg.get("result")) if msg.get("ok") else ("fail", msg.get("error") or "Job failed")
-            duration = now - (entry.started_at or now)
-            entry.extra["duration"] = duration
+            entry.extra["duration"] = now - (entry.started_at or now)
             self.inflight.finish(entry, outcome)
-            self.report(entry)
         if child.job_quota and child.jobs_done >= child.job_quota:
             child.retire = child.retire or "max_jobs"
         if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
@@ -416,7 +415,10 @@ class Arbiter:
             if child.retire != "reload":
                 stop_child(child, child.retire, now, self.cfg.kill_grace, graceful=True)
         self.dispatch_waiting(now)
-        self.next_claim_at = min(self.next_claim_at, now)  # claim again as soon as a child frees up
+        self.next_claim_at = min(self.next_claim_at, now)  # claim again as soon as a child frees up,
+        self.maybe_claim(now)  # and before reporting: the child waits on the claim, the report can wait
+        if entry is not None:
+            self.report(entry)
 
     def reap_child(self, child: Child, now: float) -> None:
         """The child has exited: read what it left in the pipe, fail its job if it had one, plan a respawn."""
