@@ -9,6 +9,8 @@ server. Order for /api/v1 routes: route (404/405) -> auth (401) -> rate limit
 
 from __future__ import annotations
 
+import email.parser
+import re
 import socket
 import sqlite3
 import sys
@@ -168,6 +170,12 @@ class App:
             return 500, {"code": "INTERNAL_ERROR", "message": "An internal error occurred"}, {}, False
 
 
+_MAXLINE, _MAXHEADERS = 65536, 100  # http.client's limits on one header line and on the header count
+# A plain header line, as the `email` parser reads it: name of RFC 2822 ftext, a colon, the value
+# after leading blanks, no character that parser would treat as a line break, then the line end.
+_HEADER_LINE = re.compile(rb"([\x21-\x39\x3b-\x7e]+):[ \t]*([^\r\n\x0b\x0c\x1c\x1d\x1e\x85]*)\r?\n\Z")
+
+
 class Handler(BaseHTTPRequestHandler):
     """One keep-alive connection. Never raises out of handle(); always answers JSON errors."""
 
@@ -212,6 +220,59 @@ class Handler(BaseHTTPRequestHandler):
             self._dispatch()
         except (OSError, ValueError):  # timeouts, resets, broken pipes, garbage
             self.close_connection = True
+
+    def parse_request(self):
+        """The stdlib's parse_request, without its `email`-package header parser on the common path.
+
+        A plain `METHOD /path HTTP/1.1` request line whose header lines are all plain `Name: value`
+        is parsed here into a dict keyed by lower-cased name (first occurrence wins, value as
+        `email.message.Message.get` gives it). Anything unusual (another HTTP version, a malformed
+        request line, continuation lines, a line that is no header) goes through exactly the stdlib's
+        code, so every answer to odd input is what it was. Callers read headers by lower-case name.
+        """
+        requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = requestline.split()
+        if len(words) != 3 or words[2] != "HTTP/1.1":
+            return super().parse_request()
+        self.command = command = words[0]
+        path = words[1]
+        if path.startswith("//"):
+            path = "/" + path.lstrip("/")
+        self.path, self.requestline, self.request_version = path, requestline, "HTTP/1.1"
+        self.close_connection = False
+        lines = []  # http.client._read_headers, with its limits and their 431 answers
+        readline = self.rfile.readline
+        while True:
+            line = readline(_MAXLINE + 1)
+            if len(line) > _MAXLINE:
+                self.send_error(431, "Line too long")
+                return False
+            lines.append(line)
+            if len(lines) > _MAXHEADERS:
+                self.send_error(431, "Too many headers")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+        headers = {}
+        match = _HEADER_LINE.match
+        for line in lines[:-1]:
+            m = match(line)
+            if m is None:  # anything unusual: the stdlib's parser decides, as before
+                headers = email.parser.Parser(_class=self.MessageClass).parsestr(
+                    b"".join(lines).decode("iso-8859-1"))
+                break
+            name = m.group(1).decode("iso-8859-1").lower()
+            if name not in headers:
+                headers[name] = m.group(2).decode("iso-8859-1")
+        self.headers = headers
+        conntype = headers.get("connection", "").lower()
+        if conntype == "close":
+            self.close_connection = True
+        elif conntype == "keep-alive":
+            self.close_connection = False
+        if headers.get("expect", "").lower() == "100-continue" and not self.handle_expect_100():
+            return False
+        return True
 
     def _read_body(self) -> bytes:
         limit = self.app.cfg.max_body_bytes
