@@ -122,8 +122,27 @@ def classify(status: int, body: dict, headers=None, job_route: bool = False) -> 
     return Rejected(status, code, message, body)
 
 
+@dataclass
+class Call:
+    """One API request, ready to send on any connection; `answer` turns the reply into a result."""
+
+    method: str
+    path: str
+    body: bytes
+    route: str
+    job_route: bool = False
+    resend_on_stale: bool = True
+    answer: Callable | None = None
+
+
+def network_error(exc: BaseException, base_url: str) -> Unavailable:
+    kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
+    return Unavailable(0, kind, f"{type(exc).__name__} talking to {base_url}: {exc}")
+
+
 class SpooledAPI:
-    """Thread-safe client: each thread gets its own persistent connection."""
+    """Builds `Call`s for every route and runs them: `execute` blocks (one kept-alive connection per
+    thread); the parent loop sends the same calls on non-blocking sockets instead (supervisor.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None):
@@ -131,68 +150,72 @@ class SpooledAPI:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"API URL must be http:// or https:// with a host, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
-        self._https = parts.scheme == "https"
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._https else 80)
-        self._prefix = parts.path.rstrip("/")
-        self._timeout = timeout
-        self._ssl = ssl.create_default_context(cafile=ca_bundle) if self._https else None
-        self._headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",
-                         "Accept": "application/json", "User-Agent": USER_AGENT}
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.https else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.ssl_context = ssl.create_default_context(cafile=ca_bundle) if self.https else None
+        self.headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",
+                        "Accept": "application/json", "User-Agent": USER_AGENT}
         self._local = threading.local()
         self.on_request = on_request
 
     def __repr__(self) -> str:
         return f"SpooledAPI({self.base_url!r})"
 
-    # -- transport --
-    def _connection(self) -> Connection:
+    def call(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
+             resend_on_stale: bool = True, answer: Callable | None = None) -> Call:
+        data = b"" if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
+        return Call(method, self.prefix + path, data, route or path, job_route, resend_on_stale, answer)
+
+    def result(self, call: Call, response) -> object:
+        """The decoded answer of a 2xx reply (through `call.answer`), or raise the typed ApiError."""
+        payload = None
+        if response.body:
+            try:
+                payload = orjson.loads(response.body)
+            except orjson.JSONDecodeError:
+                payload = {"message": response.body[:200].decode("utf-8", "replace")}
+        if 200 <= response.status < 300:
+            return call.answer(payload) if call.answer else payload
+        raise classify(response.status, payload if isinstance(payload, dict) else {}, _Headers(response.headers),
+                       call.job_route)
+
+    def execute(self, call: Call):
+        """Send `call` on this thread's connection and return its result; raise ApiError otherwise."""
+        started = time.monotonic()
+        status = 0
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = Connection(self._host, self._port, self._timeout, self._ssl)
-        return conn
+            conn = self._local.conn = Connection(self.host, self.port, self.timeout, self.ssl_context)
+        try:
+            try:
+                response = conn.request(call.method, call.path, self.headers, call.body)
+            except StaleConnection:
+                if not call.resend_on_stale:
+                    raise Unavailable(0, "CONNECTION_RESET", f"connection to {self.base_url} closed before the answer") from None
+                response = conn.request(call.method, call.path, self.headers, call.body)
+            status = response.status
+            return self.result(call, response)
+        except (OSError, ValueError) as exc:
+            raise network_error(exc, self.base_url) from None
+        finally:
+            if self.on_request is not None:
+                self.on_request(call.route, status, time.monotonic() - started)
 
     def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
                 resend_on_stale: bool = True):
-        """Send one request and return the decoded JSON (None for an empty body); raise ApiError otherwise."""
-        data = b"" if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-        started = time.monotonic()
-        status = 0
-        conn = self._connection()
-        try:
-            try:
-                status, headers, raw = conn.request(method, self._prefix + path, self._headers, data)
-            except StaleConnection:
-                # A kept-alive connection the server had already closed: send again once, if allowed.
-                if not resend_on_stale:
-                    raise Unavailable(0, "CONNECTION_RESET", f"connection to {self.base_url} closed before the answer") from None
-                status, headers, raw = conn.request(method, self._prefix + path, self._headers, data)
-            except (OSError, ValueError) as exc:
-                kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
-                raise Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
-            payload = None
-            if raw:
-                try:
-                    payload = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    payload = {"message": raw[:200].decode("utf-8", "replace")}
-            if 200 <= status < 300:
-                return payload
-            raise classify(status, payload if isinstance(payload, dict) else {}, _Headers(headers), job_route)
-        except (OSError, ValueError) as exc:  # a resend that failed too
-            raise Unavailable(0, "NETWORK_ERROR", f"{type(exc).__name__} talking to {self.base_url}: {exc}") from None
-        finally:
-            if self.on_request is not None:
-                self.on_request(route or path, status, time.monotonic() - started)
+        return self.execute(self.call(method, path, body, route, job_route, resend_on_stale))
 
     # -- worker routes --
-    def register(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict) -> dict:
+    def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict) -> Call:
         body = {"queue_name": queue, "worker_id": worker_id, "hostname": hostname, "worker_type": "spooled-supervisor",
                 "max_concurrency": max(1, min(100, max_concurrency)), "metadata": metadata, "version": __version__}
-        return self.request("POST", "/api/v1/workers/register", body, route="register", resend_on_stale=False)
+        return self.call("POST", "/api/v1/workers/register", body, route="register", resend_on_stale=False)
 
-    def heartbeat(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
-                  cpu_percent: float | None = None, memory_percent: float | None = None) -> None:
+    def heartbeat_call(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
+                       cpu_percent: float | None = None, memory_percent: float | None = None) -> Call:
         body = {"current_jobs": max(0, min(1000, current_jobs)), "status": status}
         if metadata is not None:
             body["metadata"] = metadata
@@ -200,30 +223,34 @@ class SpooledAPI:
             body["cpu_percent"] = cpu_percent
         if memory_percent is not None:
             body["memory_percent"] = memory_percent
-        self.request("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
+        return self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
 
     def deregister(self, worker_id: str) -> None:
         self.request("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/deregister", None, route="deregister")
 
     # -- job routes --
-    def claim(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
+    def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> Call:
         body = {"queue_name": queue, "worker_id": worker_id, "limit": max(1, min(100, limit)), "lease_duration_secs": lease_secs}
-        answer = self.request("POST", "/api/v1/jobs/claim", body, route="claim", resend_on_stale=False)
-        return list((answer or {}).get("jobs") or [])
+        return self.call("POST", "/api/v1/jobs/claim", body, route="claim", resend_on_stale=False,
+                         answer=lambda a: list((a or {}).get("jobs") or []))
 
-    def complete(self, job_id: str, worker_id: str, lease_id: str, result) -> None:
+    def claim(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
+        return self.execute(self.claim_call(queue, worker_id, limit, lease_secs))
+
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id}
         if result is not None:
             body["result"] = result
-        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/complete", body, route="complete", job_route=True)
+        return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/complete", body, route="complete", job_route=True)
 
-    def fail(self, job_id: str, worker_id: str, lease_id: str, error: str) -> None:
+    def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id, "error": (error or "Job failed")[:2048]}
-        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/fail", body, route="fail", job_route=True)
+        return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/fail", body, route="fail", job_route=True)
 
-    def renew_lease(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> None:
+    def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id, "lease_duration_secs": lease_secs}
-        self.request("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat", job_route=True)
+        return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat",
+                         job_route=True)
 
     def bulk_create(self, queue: str, payloads: list, **defaults) -> dict:
         body = {"queue_name": queue, "jobs": [{"payload": p} for p in payloads],

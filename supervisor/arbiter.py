@@ -23,16 +23,17 @@ from queue import SimpleQueue
 import psutil
 
 from supervisor import __version__, api, exitcodes
-from supervisor.calls import ApiCalls
 from supervisor.children import Child, death_cause, signal_child, spawn_child, start_forkserver, stop_child
 from supervisor.config import Config
 from supervisor.inflight import Entry, InFlight
+from supervisor.loophttp import LoopHTTP
 from supervisor.logs import log_event
 
 log = logging.getLogger("supervisor")
 
 BOOT_TIMEOUT = 60.0
 MEMORY_CHECK_EVERY = 1.0
+TITLE_EVERY = 0.2
 DEGRADED_FOR = 60.0  # report `degraded` this long after a boot failure
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
@@ -70,7 +71,7 @@ class Arbiter:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
-        self.calls: ApiCalls | None = None
+        self.http = LoopHTTP(client, self.sel, self.wake_w)
         self._timers: list = []
         self._seq = itertools.count()
         # lifecycle
@@ -103,6 +104,7 @@ class Arbiter:
         self.loop_at = time.monotonic()
         self.api_ok_at: float | None = None
         self._title = ""
+        self.next_title_at = 0.0
         self._ps_self = psutil.Process()
 
     # ------------------------------------------------------------------ entry
@@ -113,7 +115,6 @@ class Arbiter:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
-        self.calls = ApiCalls(self.wake_w)
         now = time.monotonic()
         log_event(log, INFO, "supervisor starting", worker_id=self.cfg.worker_id, queue=self.cfg.queue,
                   procs=self.target, handler=self.cfg.handler, api_url=self.cfg.api_url, version=__version__)
@@ -131,7 +132,7 @@ class Arbiter:
         finally:
             self.shutdown_children()
             signal.set_wakeup_fd(-1)
-            self.calls.shutdown()
+            self.http.close()
         return self.exit_code
 
     def _on_signal(self, signum, frame) -> None:
@@ -151,9 +152,12 @@ class Arbiter:
                     self.read_child(child, time.monotonic())
             elif kind == "sentinel":
                 self.reap_child(child, time.monotonic())
+            elif kind == "http":
+                self.http.on_ready(child, mask, time.monotonic())
         now = time.monotonic()
         self.loop_at = now
         self.handle_signals(now)
+        self.http.expire(now)
         self.handle_api_results(now)
         self.run_timers(now)
         self.enforce_deadlines(now)
@@ -164,16 +168,20 @@ class Arbiter:
         self.dispatch_waiting(now)
         self.maybe_claim(now)
         self.maybe_finish_drain(now)
-        self.update_title()
+        self.update_title(now)
         self.hooks.tick(now)
 
     def next_wakeup(self, now: float) -> float:
         times = [now + 1.0]
+        if self.next_title_at > now:
+            times.append(self.next_title_at)
+        if self.http.results:
+            times.append(now)
         if self._timers:
             times.append(self._timers[0][0])
-        deadline = self.inflight.next_deadline()
-        if deadline is not None:
-            times.append(deadline)
+        for deadline in (self.inflight.next_deadline(), self.http.next_deadline()):
+            if deadline is not None:
+                times.append(deadline)
         times += [c.kill_at for c in self.children.values() if c.kill_at is not None]
         times += [t for slot, t in self.respawn_at.items() if slot not in self.children]
         if self.registered and not self.draining and not self.claim_inflight and self.idle_children():
@@ -199,8 +207,8 @@ class Arbiter:
             _, _, fn, args = heapq.heappop(self._timers)
             fn(*args)
 
-    def submit(self, tag, fn, *args) -> None:
-        self.calls.submit(tag, fn, *args)
+    def submit(self, tag, call, first: bool = False) -> None:
+        self.http.submit(tag, call, first)
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
@@ -351,7 +359,11 @@ class Arbiter:
         self._watch_writes(child)
 
     def _watch_writes(self, child: Child) -> None:
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if child.chan.wants_write else 0)
+        """Watch the child's socket for writability only while a frame is still going out."""
+        if child.chan.wants_write == child.watching_writes:
+            return
+        child.watching_writes = child.chan.wants_write
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if child.watching_writes else 0)
         try:
             self.sel.modify(child.chan.sock, events, ("chan", child))
         except (KeyError, ValueError):
@@ -490,7 +502,8 @@ class Arbiter:
         if free <= 0:
             return
         self.claim_inflight = True
-        self.submit(("claim", free, now), self.api.claim, self.cfg.queue, self.cfg.worker_id, free, self.cfg.lease)
+        self.submit(("claim", free, now), self.api.claim_call(self.cfg.queue, self.cfg.worker_id, free, self.cfg.lease),
+                    first=True)
 
     def on_claim(self, asked: int, sent_at: float, jobs, error, now: float) -> None:
         self.claim_inflight = False
@@ -526,9 +539,9 @@ class Arbiter:
         entry.report_attempts += 1
         kind, value = entry.outcome
         if kind == "complete":
-            self.submit(("report", entry.id), self.api.complete, entry.id, self.cfg.worker_id, entry.lease_id, value)
+            self.submit(("report", entry.id), self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
         else:
-            self.submit(("report", entry.id), self.api.fail, entry.id, self.cfg.worker_id, entry.lease_id, value)
+            self.submit(("report", entry.id), self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
 
     def on_report(self, job_id: str, error, now: float) -> None:
         entry = self.inflight.get(job_id)
@@ -601,8 +614,8 @@ class Arbiter:
                 child.kill_at = None
         for entry in self.inflight.renewals_due(now):
             entry.renewing = True
-            self.submit(("renew", entry.id, now), self.api.renew_lease, entry.id, self.cfg.worker_id,
-                        entry.lease_id, self.cfg.lease)
+            self.submit(("renew", entry.id, now), self.api.renew_lease_call(entry.id, self.cfg.worker_id,
+                                                                            entry.lease_id, self.cfg.lease))
         if now >= self.next_memory_check:
             self.next_memory_check = now + MEMORY_CHECK_EVERY
             self.check_memory(now)
@@ -671,8 +684,8 @@ class Arbiter:
     def register(self) -> None:
         self.register_attempts += 1
         metadata = {"procs": self.target, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor"}
-        self.submit(("register",), self.api.register, self.cfg.queue, self.cfg.worker_id, self.cfg.hostname,
-                    self.target, metadata)
+        self.submit(("register",), self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname,
+                                                           self.target, metadata))
 
     def on_register(self, answer, error, now: float) -> None:
         if error is None:
@@ -729,8 +742,8 @@ class Arbiter:
         busy = sum(1 for c in self.children.values() if c.state == "busy")
         metadata = {"procs": self.target, "busy": busy, "children": len(self.children), "pid": os.getpid(),
                     "version": __version__, "cpu_percent": cpu, "memory_percent": mem}
-        self.submit(("heartbeat",), self.api.heartbeat, self.cfg.worker_id, len(self.inflight), self.worker_status(),
-                    metadata, cpu, mem)
+        self.submit(("heartbeat",), self.api.heartbeat_call(self.cfg.worker_id, len(self.inflight),
+                                                             self.worker_status(), metadata, cpu, mem))
 
     def on_heartbeat(self, error, now: float) -> None:
         self.heartbeat_inflight = False
@@ -771,7 +784,7 @@ class Arbiter:
 
     # ------------------------------------------------------------ API results
     def handle_api_results(self, now: float) -> None:
-        for tag, result, error in self.calls.drain():
+        for tag, result, error in self.http.done():
             if error is None or not isinstance(error, api.Unavailable):
                 self.api_ok_at = now
             if error is not None and not isinstance(error, api.ApiError):
@@ -795,10 +808,14 @@ class Arbiter:
         text = f"queue={self.cfg.queue} busy={busy}/{self.target} inflight={len(self.inflight)}"
         return text + (" draining" if self.draining else "")
 
-    def update_title(self) -> None:
+    def update_title(self, now: float) -> None:
+        """Refresh the process title (and systemd STATUS) at most every TITLE_EVERY seconds."""
+        if now < self.next_title_at:
+            return
         title = f"spooled-supervisor: parent {self.status_line()}"
         if title != self._title:
             self._title = title
+            self.next_title_at = now + TITLE_EVERY
             self.hooks.status(title)
 
     def snapshot(self) -> dict:

@@ -46,6 +46,7 @@ class Child:
     rss_at_breach: int | None = None
     boot_error: str | None = None
     pid: int | None = None
+    watching_writes: bool = False
     _ps: psutil.Process | None = field(default=None, repr=False)
 
     def ps(self) -> psutil.Process | None:

@@ -1,8 +1,9 @@
-"""A lean HTTP/1.1 keep-alive connection: one `sendall` per request, minimal response parsing.
+"""Lean HTTP/1.1 over kept-alive connections: a request is one write, the answer a small parse.
 
-`http.client` spends most of its time in the `email` header parser; for a JSON API on a
-kept-alive connection this reads the status line, the few headers that matter and a body
-framed by Content-Length or chunked encoding (or the connection's end).
+`http.client` spends most of its time in the `email` header parser; a JSON API needs the
+status line, a few headers and a body framed by Content-Length, chunked encoding or the
+connection's end. `parse_response` works on whatever bytes have arrived so far, so the
+blocking `Connection` here and the parent loop's non-blocking client share it.
 """
 
 from __future__ import annotations
@@ -17,16 +18,93 @@ class StaleConnection(ConnectionError):
     """The peer closed a kept-alive connection before answering: safe to resend once."""
 
 
+class Response:
+    __slots__ = ("status", "headers", "body", "close")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes, close: bool):
+        self.status, self.headers, self.body, self.close = status, headers, body, close
+
+
+def build_request(method: str, path: str, host_header: str, headers: dict[str, str], body: bytes) -> bytes:
+    head = [f"{method} {path} HTTP/1.1\r\nHost: {host_header}\r\nContent-Length: {len(body)}\r\n"]
+    head += [f"{k}: {v}\r\n" for k, v in headers.items()]
+    head.append("\r\n")
+    return "".join(head).encode("latin-1") + body
+
+
+def _chunked_body(buf: bytearray, start: int) -> tuple[bytes, int] | None:
+    out, pos = bytearray(), start
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+        pos = eol + 2
+        if size == 0:
+            while True:  # trailers, up to an empty line
+                eol = buf.find(b"\r\n", pos)
+                if eol < 0:
+                    return None
+                if eol == pos:
+                    return bytes(out), eol + 2
+                pos = eol + 2
+        if len(buf) < pos + size + 2:
+            return None
+        out += buf[pos:pos + size]
+        pos += size + 2
+
+
+def parse_response(buf: bytearray, method: str, eof: bool = False) -> tuple[Response, int] | None:
+    """One answer from the start of `buf` and the bytes it used, or None while incomplete.
+    With `eof`, a body framed by the connection's end is complete. Raises ValueError on garbage."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        if eof and buf:
+            raise ValueError("connection closed inside the answer's headers")
+        return None
+    lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise ValueError(f"not an HTTP answer: {lines[0][:80]!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    start = end + 4
+    if 100 <= status < 200:  # an interim answer: the real one follows
+        rest = parse_response(bytearray(buf[start:]), method, eof)
+        return None if rest is None else (rest[0], start + rest[1])
+    close = headers.get("connection", "").lower() == "close"
+    if method == "HEAD" or status in (204, 304):
+        return Response(status, headers, b"", close), start
+    if "content-length" in headers:
+        size = int(headers["content-length"])
+        if len(buf) - start < size:
+            if eof:
+                raise ValueError("connection closed in the middle of the answer")
+            return None
+        return Response(status, headers, bytes(buf[start:start + size]), close), start + size
+    if headers.get("transfer-encoding", "").lower().endswith("chunked"):
+        got = _chunked_body(buf, start)
+        if got is None:
+            if eof:
+                raise ValueError("connection closed in the middle of the answer")
+            return None
+        return Response(status, headers, got[0], close), got[1]
+    if not eof:  # framed by the end of the connection
+        return None
+    return Response(status, headers, bytes(buf[start:]), True), len(buf)
+
+
 class Connection:
+    """A blocking kept-alive connection (used off the parent's loop: commands, deregister)."""
+
     def __init__(self, host: str, port: int, timeout: float, ssl_context: ssl.SSLContext | None = None):
         self.host, self.port, self.timeout, self.ssl_context = host, port, timeout, ssl_context
         self.sock: socket.socket | None = None
         self._buf = bytearray()
         self.host_header = host if port in (80, 443) else f"{host}:{port}"
-
-    @property
-    def is_open(self) -> bool:
-        return self.sock is not None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -45,90 +123,30 @@ class Connection:
         self.sock = sock
         self._buf.clear()
 
-    def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
-        """Send one request, return (status, lower-cased headers, body). Raises OSError on transport failure,
+    def request(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
+        """Send one request and read its answer. Raises OSError/ValueError on transport failure, and
         StaleConnection if a reused connection was closed by the peer before any answer byte."""
         reused = self.sock is not None
         if not reused:
             self._connect()
-        head = [f"{method} {path} HTTP/1.1\r\nHost: {self.host_header}\r\nContent-Length: {len(body)}\r\n"]
-        head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-        head.append("\r\n")
         try:
-            self.sock.sendall("".join(head).encode("latin-1") + body)
-            return self._read_response(method, reused)
+            self.sock.sendall(build_request(method, path, self.host_header, headers, body))
+            while True:
+                got = parse_response(self._buf, method)
+                if got is not None:
+                    break
+                chunk = self.sock.recv(_READ)
+                if not chunk:
+                    if reused and not self._buf:
+                        raise StaleConnection("connection closed before the answer")
+                    got = parse_response(self._buf, method, eof=True)
+                    break
+                self._buf += chunk
         except BaseException:
             self.close()
             raise
-
-    def _fill(self, stale_ok: bool) -> None:
-        chunk = self.sock.recv(_READ)
-        if not chunk:
-            if stale_ok:
-                raise StaleConnection("connection closed before the answer")
-            raise ConnectionResetError("connection closed in the middle of the answer")
-        self._buf += chunk
-
-    def _read_response(self, method: str, reused: bool) -> tuple[int, dict[str, str], bytes]:
-        buf = self._buf
-        while True:
-            end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                break
-            self._fill(stale_ok=reused and not buf)
-        lines = bytes(buf[:end]).decode("latin-1").split("\r\n")
-        del buf[:end + 4]
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-            raise ConnectionError(f"not an HTTP answer: {lines[0][:80]!r}")
-        status = int(parts[1])
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if 100 <= status < 200:  # an interim answer: the real one follows
-            return self._read_response(method, False)
-        if method == "HEAD" or status in (204, 304):
-            body = b""
-        elif "content-length" in headers:
-            size = int(headers["content-length"])
-            while len(buf) < size:
-                self._fill(stale_ok=False)
-            body = bytes(buf[:size])
-            del buf[:size]
-        elif headers.get("transfer-encoding", "").lower().endswith("chunked"):
-            body = self._read_chunked()
-        else:  # framed by the end of the connection
-            try:
-                while True:
-                    chunk = self.sock.recv(_READ)
-                    if not chunk:
-                        break
-                    buf += chunk
-            finally:
-                body = bytes(buf)
-                self.close()
-            return status, headers, body
-        if headers.get("connection", "").lower() == "close":
+        response, used = got
+        del self._buf[:used]
+        if response.close:
             self.close()
-        return status, headers, body
-
-    def _read_chunked(self) -> bytes:
-        buf, out = self._buf, bytearray()
-        while True:
-            while (eol := buf.find(b"\r\n")) < 0:
-                self._fill(stale_ok=False)
-            size = int(bytes(buf[:eol]).split(b";", 1)[0], 16)
-            del buf[:eol + 2]
-            if size == 0:
-                while (eol := buf.find(b"\r\n")) != 0:  # trailers end with an empty line
-                    if eol < 0:
-                        self._fill(stale_ok=False)
-                    else:
-                        del buf[:eol + 2]
-                del buf[:2]
-                return bytes(out)
-            while len(buf) < size + 2:
-                self._fill(stale_ok=False)
-            out += buf[:size]
-            del buf[:size + 2]
+        return response

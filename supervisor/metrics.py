@@ -66,7 +66,7 @@ class Metric:
         if len(labels) != len(self.labelnames):
             raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {tuple(labels)}")
         try:
-            return tuple(str(labels[n]) for n in self.labelnames)
+            return tuple([str(labels[n]) for n in self.labelnames])
         except KeyError:
             raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {tuple(labels)}") from None
 

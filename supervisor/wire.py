@@ -20,7 +20,7 @@ import orjson
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 256 * 1024 * 1024
-_READ_CHUNK = 1024 * 1024
+_READ_CHUNK = 65536  # under malloc's mmap threshold: a bigger recv buffer costs an mmap per call
 
 
 def encode(msg) -> bytes:

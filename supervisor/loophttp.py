@@ -1,0 +1,318 @@
+"""API calls driven by the parent's loop on non-blocking sockets: no thread hand-offs, no waits.
+
+The loop registers nothing itself: `LoopHTTP` registers each connection's socket in the loop's
+selector with data `("http", conn)`; the loop passes those events to `on_ready`, calls
+`expire(now)` each turn, and collects finished calls from `done()` as `(tag, result, error)`
+triples, where `error` is an `ApiError` (network trouble is `Unavailable`). Every call has a
+deadline of the API timeout, connecting and TLS included. Host names other than IP literals
+and localhost are resolved on a helper thread, so DNS never blocks the loop either.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import ipaddress
+import os
+import selectors
+import socket
+import ssl
+import threading
+import time
+
+from supervisor.api import ApiError, Call, SpooledAPI, Unavailable, network_error
+from supervisor.httpconn import build_request, parse_response
+
+_READ = 65536
+_R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+class _Conn:
+    __slots__ = ("sock", "state", "tag", "call", "out", "inbuf", "started", "deadline", "reused", "resent", "events")
+
+    def __init__(self):
+        self.sock: socket.socket | None = None
+        self.state = "closed"  # connecting -> handshake -> sending -> receiving -> idle
+        self.tag = self.call = None
+        self.out = memoryview(b"")
+        self.inbuf = bytearray()
+        self.started = self.deadline = 0.0
+        self.reused = self.resent = False
+        self.events = 0
+
+
+class LoopHTTP:
+    def __init__(self, api: SpooledAPI, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4):
+        self.api = api
+        self.sel = sel
+        self.wake_fd = wake_fd
+        self.max_connections = max_connections
+        self.queue: collections.deque = collections.deque()
+        self.conns: list[_Conn] = []
+        self.results: list[tuple] = []
+        self.host_header = api.host if api.port in (80, 443) else f"{api.host}:{api.port}"
+        self.addrs: list | None = None
+        self.resolve_error: Exception | None = None
+        self._resolving = False
+        self._next_addr = 0
+        if _is_local(api.host):
+            self._resolve()
+
+    # ------------------------------------------------------------- interface
+    @property
+    def pending(self) -> int:
+        return len(self.queue) + sum(1 for c in self.conns if c.call is not None)
+
+    def submit(self, tag, call: Call, first: bool = False) -> None:
+        """Queue a call (`first` puts it ahead of the others) and send it now if a connection is free."""
+        now = time.monotonic()
+        item = (tag, call, now + self.api.timeout)
+        if first:
+            self.queue.appendleft(item)
+        else:
+            self.queue.append(item)
+        self.pump(now)
+
+    def done(self) -> list[tuple]:
+        out, self.results = self.results, []
+        return out
+
+    def next_deadline(self) -> float | None:
+        times = [c.deadline for c in self.conns if c.call is not None]
+        times += [item[2] for item in self.queue]
+        return min(times) if times else None
+
+    def expire(self, now: float) -> None:
+        """Fail every call whose deadline has passed, then send what waits."""
+        for conn in list(self.conns):
+            if conn.call is not None and now >= conn.deadline:
+                self._fail(conn, Unavailable(0, "TIMEOUT", f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
+        for item in [i for i in self.queue if now >= i[2]]:
+            self.queue.remove(item)
+            reason = f"cannot resolve {self.api.host}: {self.resolve_error}" if self.resolve_error else "no free connection"
+            self._result(item[0], item[1], now - self.api.timeout, error=Unavailable(0, "TIMEOUT", reason))
+        self.pump(now)
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            self._close(conn)
+
+    # ------------------------------------------------------------ scheduling
+    def pump(self, now: float) -> None:
+        if not self.queue:
+            return
+        if self.addrs is None:
+            self._start_resolving()
+            return
+        for conn in self.conns:
+            if not self.queue:
+                return
+            if conn.state == "idle":
+                tag, call, deadline = self.queue.popleft()
+                self._start(conn, tag, call, now, deadline)
+        while self.queue and len(self.conns) < self.max_connections:
+            tag, call, deadline = self.queue.popleft()
+            conn = _Conn()
+            self.conns.append(conn)
+            conn.tag, conn.call, conn.started, conn.deadline = tag, call, now, deadline
+            self._connect(conn)
+
+    def _start(self, conn: _Conn, tag, call: Call, now: float, deadline: float) -> None:
+        conn.tag, conn.call, conn.started, conn.deadline = tag, call, now, deadline
+        conn.reused, conn.resent = True, False
+        self._send_request(conn)
+
+    def _send_request(self, conn: _Conn) -> None:
+        call = conn.call
+        conn.out = memoryview(build_request(call.method, call.path, self.host_header, self.api.headers, call.body))
+        conn.inbuf.clear()
+        conn.state = "sending"
+        self._on_writable(conn)
+
+    # ------------------------------------------------------------ resolving
+    def _resolve(self) -> None:
+        try:
+            self.addrs = socket.getaddrinfo(self.api.host, self.api.port, type=socket.SOCK_STREAM)
+            self.resolve_error = None
+        except OSError as exc:
+            self.resolve_error = exc
+
+    def _start_resolving(self) -> None:
+        if self._resolving:
+            return
+        self._resolving = True
+
+        def work():
+            self._resolve()
+            self._resolving = False
+            try:
+                os.write(self.wake_fd, b"\0")
+            except OSError:
+                pass
+
+        threading.Thread(target=work, name="resolve", daemon=True).start()
+
+    # ------------------------------------------------------------ connection
+    def _connect(self, conn: _Conn) -> None:
+        family, type_, proto, _, addr = self.addrs[self._next_addr % len(self.addrs)]
+        try:
+            sock = socket.socket(family, type_, proto)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            return self._fail(conn, network_error(exc, self.api.base_url))
+        conn.sock, conn.state, conn.reused = sock, "connecting", False
+        conn.inbuf.clear()
+        err = sock.connect_ex(addr)
+        if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            self._connect_failed()
+            return self._fail(conn, network_error(ConnectionRefusedError(err, os.strerror(err)), self.api.base_url))
+        self.sel.register(sock, _W, ("http", conn))
+        conn.events = _W
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        if events == conn.events:
+            return
+        conn.events = events
+        try:
+            self.sel.modify(conn.sock, events, ("http", conn))
+        except (KeyError, ValueError):
+            self.sel.register(conn.sock, events, ("http", conn))
+
+    def on_ready(self, conn: _Conn, mask: int, now: float) -> None:
+        if conn.sock is None:
+            return
+        try:
+            if conn.state == "connecting":
+                err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    self._connect_failed()
+                    raise ConnectionRefusedError(err, os.strerror(err))
+                if self.api.ssl_context is not None:
+                    self.sel.unregister(conn.sock)
+                    conn.sock = self.api.ssl_context.wrap_socket(conn.sock, server_hostname=self.api.host,
+                                                                 do_handshake_on_connect=False)
+                    self.sel.register(conn.sock, _W, ("http", conn))
+                    conn.events = _W
+                    conn.state = "handshake"
+                else:
+                    self._send_request(conn)
+                    return
+            if conn.state == "handshake":
+                conn.sock.do_handshake()
+                self._send_request(conn)
+            elif conn.state == "sending":
+                self._on_writable(conn)
+            elif conn.state in ("receiving", "idle"):
+                self._on_readable(conn)
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
+            self._watch(conn, _R if isinstance(want, ssl.SSLWantReadError) else _W)
+        except (OSError, ValueError) as exc:
+            self._fail(conn, network_error(exc, self.api.base_url))
+
+    def _on_writable(self, conn: _Conn) -> None:
+        try:
+            while conn.out:
+                sent = conn.sock.send(conn.out)
+                conn.out = conn.out[sent:]
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            return self._watch(conn, _W)
+        except ssl.SSLWantReadError:
+            return self._watch(conn, _R)
+        except (OSError, ValueError) as exc:
+            if conn.reused and not conn.resent and conn.call.resend_on_stale:
+                return self._resend(conn)
+            return self._fail(conn, network_error(exc, self.api.base_url))
+        conn.state = "receiving"
+        self._watch(conn, _R)
+
+    def _on_readable(self, conn: _Conn) -> None:
+        eof = False
+        while True:
+            try:
+                chunk = conn.sock.recv(_READ)
+            except (BlockingIOError, ssl.SSLWantReadError):
+                break
+            if not chunk:
+                eof = True
+                break
+            conn.inbuf += chunk
+        if conn.state == "idle":  # the server closed a kept-alive connection (or sent garbage)
+            return self._close(conn)
+        if eof and not conn.inbuf and conn.reused:
+            if not conn.resent and conn.call.resend_on_stale:
+                return self._resend(conn)
+            return self._fail(conn, Unavailable(0, "CONNECTION_RESET", f"connection to {self.api.base_url} closed before the answer"))
+        got = parse_response(conn.inbuf, conn.call.method, eof)
+        if got is None:
+            if eof:
+                raise ConnectionResetError("connection closed in the middle of the answer")
+            return
+        response, used = got
+        del conn.inbuf[:used]
+        tag, call, started = conn.tag, conn.call, conn.started
+        conn.tag = conn.call = None
+        if response.close or eof or conn.inbuf:
+            self._close(conn)
+        else:
+            conn.state = "idle"
+        try:
+            result, error = self.api.result(call, response), None
+        except ApiError as exc:
+            result, error = None, exc
+        self._result(tag, call, started, result, error, response.status)
+        self.pump(time.monotonic())
+
+    def _resend(self, conn: _Conn) -> None:
+        tag, call, started, deadline = conn.tag, conn.call, conn.started, conn.deadline
+        self._drop_socket(conn)
+        conn.tag, conn.call, conn.started, conn.deadline, conn.resent = tag, call, started, deadline, True
+        self._connect(conn)
+        conn.resent = True
+
+    def _connect_failed(self) -> None:
+        """Try the next address next time; resolve the name again once all have failed."""
+        self._next_addr += 1
+        if self.addrs and self._next_addr % len(self.addrs) == 0 and not _is_local(self.api.host):
+            self.addrs = None
+
+    # --------------------------------------------------------------- endings
+    def _result(self, tag, call: Call, started: float, result=None, error=None, status: int = 0) -> None:
+        self.results.append((tag, result, error))
+        if self.api.on_request is not None:
+            self.api.on_request(call.route, status, time.monotonic() - started)
+
+    def _fail(self, conn: _Conn, error: ApiError) -> None:
+        tag, call, started = conn.tag, conn.call, conn.started
+        self._close(conn)
+        if call is not None:
+            self._result(tag, call, started, error=error)
+
+    def _drop_socket(self, conn: _Conn) -> None:
+        if conn.sock is not None:
+            try:
+                self.sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+            try:
+                conn.sock.close()
+            except OSError:
+                pass
+        conn.sock, conn.state, conn.events = None, "closed", 0
+        conn.inbuf.clear()
+
+    def _close(self, conn: _Conn) -> None:
+        self._drop_socket(conn)
+        conn.tag = conn.call = None
+        if conn in self.conns:
+            self.conns.remove(conn)
+
+
+def _is_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
