@@ -34,6 +34,7 @@ log = logging.getLogger("supervisor")
 BOOT_TIMEOUT = 60.0
 MEMORY_CHECK_EVERY = 1.0
 TITLE_EVERY = 0.2
+CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a retirement changes the pool
 DEGRADED_FOR = 60.0  # report `degraded` this long after a boot failure
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
@@ -105,6 +106,8 @@ class Arbiter:
         self.api_ok_at: float | None = None
         self._title = ""
         self.next_title_at = 0.0
+        self.pool_changed = True
+        self.next_converge_at = 0.0
         self._ps_self = psutil.Process()
 
     # ------------------------------------------------------------------ entry
@@ -164,7 +167,9 @@ class Arbiter:
         self.send_heartbeat(now)
         if self.exit_code is not None:
             return
-        self.converge(now)
+        if self.pool_changed or now >= self.next_converge_at:
+            self.pool_changed, self.next_converge_at = False, now + CONVERGE_EVERY
+            self.converge(now)
         self.dispatch_waiting(now)
         self.maybe_claim(now)
         self.maybe_finish_drain(now)
@@ -214,6 +219,7 @@ class Arbiter:
     def handle_signals(self, now: float) -> None:
         while not self.signals.empty():
             sig = self.signals.get_nowait()
+            self.pool_changed = True
             name = signal.Signals(sig).name
             if sig in (signal.SIGTERM, signal.SIGINT):
                 if self.draining:
@@ -338,6 +344,7 @@ class Arbiter:
         log_event(log, DEBUG, "child started", slot=slot, pid=child.pid)
 
     def forget_child(self, child: Child) -> None:
+        self.pool_changed = True
         if self.children.get(child.slot) is child:
             del self.children[child.slot]
         for fileobj in (child.chan.sock, child.proc.sentinel):
@@ -388,6 +395,7 @@ class Arbiter:
                 child.boot_error = msg.get("error") or ""
 
     def child_ready(self, child: Child, now: float) -> None:
+        self.pool_changed = True
         child.state = "idle" if child.state == "starting" else child.state
         self.boot_failures.pop(child.slot, None)
         if not self.first_child_ready:
@@ -422,6 +430,7 @@ class Arbiter:
         if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
             child.retire = child.retire or "max_memory"
         if child.retire and child.state == "idle":
+            self.pool_changed = True
             log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.retire,
                       jobs_done=child.jobs_done, rss=child.rss)
             if child.retire != "reload":
