@@ -67,7 +67,12 @@ NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
 
 
 class Router:
-    """Static paths first, then templates with `{param}` segments; 404 / 405 as CONTRACT section 2."""
+    """Static paths first, then templates with `{param}` segments; 404 / 405 as CONTRACT section 2.
+
+    Templates are found by one dict lookup per "shape" (segment count and parameter positions): the
+    path's segments with the parameter positions blanked out are the key. Among matching templates
+    the first listed wins, as a scan in route order would give.
+    """
 
     def __init__(self, routes):
         self.static: dict[str, dict] = {}
@@ -83,26 +88,38 @@ class Router:
                     self.templates.append((segs, {method: (fn, kind)}))
             else:
                 self.static.setdefault(path, {})[method] = (fn, kind)
+        # {segment count: [(parameter positions, {literal key: (route order, methods, ((pos, name), ...))})]}
+        self.shapes: dict[int, list[tuple[tuple[int, ...], dict]]] = {}
+        for order, (t_segs, methods) in enumerate(self.templates):
+            pos = tuple(i for i, t in enumerate(t_segs) if t[0] == "{")
+            key = tuple(None if i in pos else t for i, t in enumerate(t_segs))
+            names = tuple((i, t_segs[i][1:-1]) for i in pos)
+            shapes = self.shapes.setdefault(len(t_segs), [])
+            for s_pos, table in shapes:
+                if s_pos == pos:
+                    table.setdefault(key, (order, methods, names))
+                    break
+            else:
+                shapes.append((pos, {key: (order, methods, names)}))
 
     def match(self, method: str, path: str):
         methods, params = self.static.get(path), {}
         if methods is None:
             segs = path.strip("/").split("/") if path.startswith("/") and not path.endswith("/") else None
             if segs:
-                for t_segs, t_methods in self.templates:
-                    if len(t_segs) != len(segs):
-                        continue
-                    p = {}
-                    for t, s in zip(t_segs, segs):
-                        if t[0] == "{":
-                            if not s:
-                                break
-                            p[t[1:-1]] = unquote(s)
-                        elif t != s:
+                best = None
+                for pos, table in self.shapes.get(len(segs), ()):
+                    key = segs.copy()
+                    for i in pos:
+                        if not key[i]:  # an empty parameter segment matches no template
                             break
+                        key[i] = None
                     else:
-                        methods, params = t_methods, p
-                        break
+                        hit = table.get(tuple(key))
+                        if hit is not None and (best is None or hit[0] < best[0]):
+                            best = hit
+                if best is not None:
+                    methods, params = best[1], {name: unquote(segs[i]) for i, name in best[2]}
         if methods is None:
             raise ApiError(404, "NOT_FOUND", "No route matches this path")
         found = methods.get(method)

@@ -88,6 +88,15 @@ WORKER_COLS = ("id", "organization_id", "queue_name", "queue_names", "hostname",
                "jobs_processed", "jobs_failed")
 
 
+_CLAIM = ("UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?||id, lease_expires_at=?, "
+          "started_at=?, updated_at=? WHERE id IN (SELECT id FROM jobs WHERE NOT EXISTS (SELECT 1 FROM queue_config "
+          "WHERE organization_id=? AND queue_name=? AND NOT enabled) AND organization_id=? AND "
+          "queue_name=? AND status IN ('pending','scheduled') AND (scheduled_at IS NULL OR scheduled_at<=?) "
+          "AND (expires_at IS NULL OR expires_at>?) AND (dependencies_met IS NULL OR dependencies_met=1) "
+          "ORDER BY priority DESC, created_at LIMIT ?) "
+          "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, priority, created_at")
+
+
 def ts(t: float | None) -> str | None:
     """Epoch seconds -> RFC 3339 UTC with microseconds and `Z`."""
     if t is None:
@@ -235,12 +244,13 @@ class Store:
         return key
 
     def org_for_key(self, key: str) -> str | None:
-        h = hash_key(key)
-        org = self._key_cache.get(h)
+        """The organization of a valid API key. Keys are never revoked while the server runs (no route
+        deletes one), so a verified key -> org pair is cached by the key itself: no hash per request."""
+        org = self._key_cache.get(key)
         if org is None:
-            rows = self._read("SELECT organization_id FROM api_keys WHERE key_hash=?", (h,))
+            rows = self._read("SELECT organization_id FROM api_keys WHERE key_hash=?", (hash_key(key),))
             if rows:
-                org = self._key_cache[h] = rows[0][0]
+                org = self._key_cache[key] = rows[0][0]
         return org
 
     def org_plan(self, org: str) -> str:
@@ -393,20 +403,9 @@ class Store:
         now = time.time()
         expires = now + lease_secs
         prefix = str(uuid.uuid4()) + "-"
-        with self._tx() as db:
-            row = db.execute("SELECT enabled FROM queue_config WHERE organization_id=? AND queue_name=?",
-                             (org, queue)).fetchone()
-            if row and not row[0]:
-                return []
-            rows = db.execute(
-                "UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?||id, lease_expires_at=?, "
-                "started_at=?, updated_at=? WHERE id IN (SELECT id FROM jobs WHERE organization_id=? AND "
-                "queue_name=? AND status IN ('pending','scheduled') AND (scheduled_at IS NULL OR scheduled_at<=?) "
-                "AND (expires_at IS NULL OR expires_at>?) AND (dependencies_met IS NULL OR dependencies_met=1) "
-                "ORDER BY priority DESC, created_at LIMIT ?) "
-                "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, "
-                "priority, created_at",
-                (worker_id, prefix, expires, now, now, org, queue, now, now, limit)).fetchall()
+        with self._tx() as db:  # one statement: a paused queue (enabled=0) leases nothing
+            rows = db.execute(_CLAIM, (worker_id, prefix, expires, now, now, org, queue, org, queue, now, now,
+                                       limit)).fetchall()
         rows.sort(key=lambda r: (-r[7], r[8]))
         lease_at = ts(expires)
         return [{"id": r[0], "queue_name": r[1], "payload": Fragment(r[2]), "retry_count": r[3],
