@@ -456,8 +456,8 @@ class Arbiter:
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
         if entry is not None:
             error = f"ChildProcessDied: the child process running this job (pid {child.pid}) {cause}"
-            log_event(log, ERROR, "child died during a job", job_id=entry.id, queue=entry.queue,
-                      worker_id=self.cfg.worker_id, pid=child.pid, cause=cause)
+            entry.extra["duration"] = now - (entry.started_at or now)
+            log_event(log, ERROR, "child died during a job", cause=cause, **self.job_fields(entry, now))
             self.inflight.finish(entry, ("fail", error))
             entry.extra["crashed"] = True
             self.report(entry)
@@ -502,7 +502,7 @@ class Arbiter:
             self._watch_writes(child)
             child.state, child.job_id = "busy", entry.id
             self.inflight.start(entry, child.slot, child.pid, now)
-            log_event(log, DEBUG, "job started", job_id=entry.id, queue=entry.queue, pid=child.pid)
+            log_event(log, DEBUG, "job started", **self.job_fields(entry, now))
 
     def maybe_claim(self, now: float) -> None:
         if not self.registered or self.draining or self.claim_inflight or now < self.next_claim_at:
@@ -530,7 +530,7 @@ class Arbiter:
         self.claim_failures = 0
         for job in jobs:
             self.inflight.add(job, sent_at)
-            log_event(log, DEBUG, "job claimed", job_id=job.get("id"), queue=self.cfg.queue)
+            log_event(log, DEBUG, "job claimed", job_id=job.get("id"), queue=self.cfg.queue, worker_id=self.cfg.worker_id)
         self.hooks.claimed(len(jobs))
         if len(jobs) < asked:
             self.empty_claims += 1
@@ -558,8 +558,7 @@ class Arbiter:
             return
         entry.reporting = False
         kind, value = entry.outcome
-        fields = dict(job_id=job_id, queue=entry.queue, worker_id=self.cfg.worker_id, pid=entry.pid,
-                      duration=round(entry.extra.get("duration", 0.0), 4))
+        fields = self.job_fields(entry, now)
         if error is None:
             self.inflight.pop(job_id)
             if kind == "complete":
@@ -605,8 +604,8 @@ class Arbiter:
         for entry in self.inflight.timed_out(now):
             child = self.children.get(entry.slot)
             timeout = entry.job.get("timeout_seconds")
-            log_event(log, WARNING, "job timed out; stopping its child", job_id=entry.id, queue=entry.queue,
-                      worker_id=self.cfg.worker_id, pid=entry.pid, timeout_seconds=timeout)
+            log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
+                      **self.job_fields(entry, now))
             if child is not None:
                 child.job_id = None
                 stop_child(child, "timeout", now, self.cfg.kill_grace)
@@ -646,16 +645,23 @@ class Arbiter:
         else:
             self.hooks.lease_renewed("error")
             entry.renew_at = now + min(2.0, self.cfg.lease / 10.0) * random.uniform(0.5, 1.0)
-            log_event(log, WARNING, "lease renewal failed; retrying", job_id=job_id, error=str(error),
-                      lease_left=round(entry.lease_until - now, 2))
+            log_event(log, WARNING, "lease renewal failed; retrying", error=str(error),
+                      lease_left=round(entry.lease_until - now, 2), **self.job_fields(entry, now))
+
+    def job_fields(self, entry: Entry, now: float) -> dict:
+        """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
+        duration = entry.extra.get("duration")
+        if duration is None:
+            duration = now - entry.started_at if entry.started_at is not None else 0.0
+        return {"job_id": entry.id, "queue": entry.queue, "worker_id": self.cfg.worker_id, "pid": entry.pid,
+                "duration": round(duration, 4)}
 
     def lease_lost(self, entry: Entry, error, now: float) -> None:
         """The API says this worker no longer holds the job: stop the work, send nothing more for it."""
         self.inflight.pop(entry.id)
         self.hooks.job_finished(entry.queue, "lease_lost", None)
         child = self.children.get(entry.slot) if entry.slot is not None else None
-        log_event(log, WARNING, "lease lost; stopping the job's work", job_id=entry.id, queue=entry.queue,
-                  worker_id=self.cfg.worker_id, pid=entry.pid, error=str(error))
+        log_event(log, WARNING, "lease lost; stopping the job's work", error=str(error), **self.job_fields(entry, now))
         if child is not None and child.job_id == entry.id:
             child.job_id = None
             stop_child(child, "lease_lost", now, self.cfg.kill_grace)
