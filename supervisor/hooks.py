@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 from supervisor.arbiter import NullHooks
 from supervisor.child import set_title
