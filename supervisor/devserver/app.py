@@ -251,7 +251,7 @@ class Handler(BaseHTTPRequestHandler):
         words = requestline.split()
         if len(words) != 3 or words[2] != "HTTP/1.1":
             return super().parse_request()
-        self.command = command = words[0]
+        self.command = words[0]
         path = words[1]
         if path.startswith("//"):
             path = "/" + path.lstrip("/")

@@ -10,7 +10,7 @@ import orjson
 
 from .errors import ApiError, invalid_json, validation
 from .store import dumps
-from .validate import Body, check_hostname, check_queue_name, check_worker_id, parse_time
+from .validate import Body, check_hostname, check_queue_name, check_worker_id
 
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
