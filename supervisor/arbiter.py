@@ -85,6 +85,7 @@ class Arbiter(ChildPool, JobFlow, Membership):
         self.first_child_ready = False
         # claiming
         self.claim_inflight = False
+        self.reports_after_claim: list = []  # outcomes held back while a claim is on the wire
         self.next_claim_at = 0.0
         self.empty_claims = 0
         self.claim_failures = 0

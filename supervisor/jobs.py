@@ -52,7 +52,10 @@ class JobFlow:
         self.next_claim_at = min(self.next_claim_at, now)  # claim again as soon as a child frees up,
         self.maybe_claim(now)  # and before reporting: the child waits on the claim, the report can wait
         if entry is not None:
-            self.report(entry)
+            if self.claim_inflight:
+                self.reports_after_claim.append(entry)  # so the server answers the claim first
+            else:
+                self.report(entry)
 
     def dispatch_waiting(self, now: float) -> None:
         waiting = self.inflight.waiting()
@@ -82,6 +85,7 @@ class JobFlow:
         self.claim_inflight = False
         if error is not None:
             self.claim_failures += 1
+            self.send_held_reports()
             if isinstance(error, api.Unauthorized):
                 return self.fatal(exitcodes.AUTH, error)
             wait = backoff(self.claim_failures, 0.2, max(self.cfg.poll_interval, 5.0))
@@ -103,6 +107,13 @@ class JobFlow:
             self.empty_claims = 0
             self.next_claim_at = now
         self.dispatch_waiting(now)
+        self.send_held_reports()
+
+    def send_held_reports(self) -> None:
+        held, self.reports_after_claim = self.reports_after_claim, []
+        for entry in held:
+            if self.inflight.get(entry.id) is entry:
+                self.report(entry)
 
     def report(self, entry: Entry) -> None:
         """Tell the API how the job ended (complete or fail), once; retried by on_report."""
