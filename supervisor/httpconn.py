@@ -25,11 +25,14 @@ class Response:
         self.status, self.headers, self.body, self.close = status, headers, body, close
 
 
-def build_request(method: str, path: str, host_header: str, headers: dict[str, str], body: bytes) -> bytes:
-    head = [f"{method} {path} HTTP/1.1\r\nHost: {host_header}\r\nContent-Length: {len(body)}\r\n"]
-    head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-    head.append("\r\n")
-    return "".join(head).encode("latin-1") + body
+def header_block(host_header: str, headers: dict[str, str]) -> bytes:
+    """The headers every request repeats, encoded once; ends with the blank line."""
+    return "".join([f"Host: {host_header}\r\n", *(f"{k}: {v}\r\n" for k, v in headers.items()), "\r\n"]).encode("latin-1")
+
+
+def build_request(method: str, path: str, fixed_headers: bytes, body: bytes) -> bytes:
+    """One request's bytes: `fixed_headers` comes from `header_block`."""
+    return f"{method} {path} HTTP/1.1\r\nContent-Length: {len(body)}\r\n".encode("latin-1") + fixed_headers + body
 
 
 def _chunked_body(buf: bytearray, start: int) -> tuple[bytes, int] | None:
@@ -105,6 +108,7 @@ class Connection:
         self.sock: socket.socket | None = None
         self._buf = bytearray()
         self.host_header = host if port in (80, 443) else f"{host}:{port}"
+        self._fixed: tuple[dict, bytes] | None = None
 
     def close(self) -> None:
         if self.sock is not None:
@@ -130,7 +134,9 @@ class Connection:
         if not reused:
             self._connect()
         try:
-            self.sock.sendall(build_request(method, path, self.host_header, headers, body))
+            if self._fixed is None or self._fixed[0] is not headers:
+                self._fixed = (headers, header_block(self.host_header, headers))
+            self.sock.sendall(build_request(method, path, self._fixed[1], body))
             while True:
                 got = parse_response(self._buf, method)
                 if got is not None:

@@ -21,7 +21,7 @@ import threading
 import time
 
 from supervisor.api import ApiError, Call, SpooledAPI, Unavailable, network_error
-from supervisor.httpconn import build_request, parse_response
+from supervisor.httpconn import build_request, header_block, parse_response
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -50,7 +50,7 @@ class LoopHTTP:
         self.queue: collections.deque = collections.deque()
         self.conns: list[_Conn] = []
         self.results: list[tuple] = []
-        self.host_header = api.host if api.port in (80, 443) else f"{api.host}:{api.port}"
+        self.fixed_headers = header_block(api.host if api.port in (80, 443) else f"{api.host}:{api.port}", api.headers)
         self.addrs: list | None = None
         self.resolve_error: Exception | None = None
         self._resolving = False
@@ -124,7 +124,7 @@ class LoopHTTP:
 
     def _send_request(self, conn: _Conn) -> None:
         call = conn.call
-        conn.out = memoryview(build_request(call.method, call.path, self.host_header, self.api.headers, call.body))
+        conn.out = memoryview(build_request(call.method, call.path, self.fixed_headers, call.body))
         conn.inbuf.clear()
         conn.state = "sending"
         self._on_writable(conn)

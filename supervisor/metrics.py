@@ -105,6 +105,11 @@ class Counter(Metric):
         with self._lock:
             self._values[key] = self._values.get(key, 0) + amount
 
+    def inc_key(self, key: tuple, amount: float = 1) -> None:
+        """`inc` for a caller that already holds the label values as a tuple of str, in declared order."""
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + amount
+
     def touch(self, **labels) -> None:
         """Export this label set at 0 before its first inc, so rate() sees the series from the start."""
         key = self._key(labels)
@@ -147,7 +152,10 @@ class Histogram(Metric):
         self.buckets = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
 
     def observe(self, value: float, **labels) -> None:
-        key = self._key(labels)
+        self.observe_key(self._key(labels), value)
+
+    def observe_key(self, key: tuple, value: float) -> None:
+        """`observe` for a caller that already holds the label values as a tuple of str, in declared order."""
         index = bisect_left(self.buckets, value)  # first bucket with le >= value; len() means +Inf
         with self._lock:
             state = self._values.get(key)
@@ -240,14 +248,14 @@ class DaemonMetrics:
         """One job left a child: count its outcome and, when known, its run time."""
         if outcome not in JOB_OUTCOMES:
             raise ValueError(f"unknown job outcome {outcome!r}")
-        self.jobs.inc(queue=queue, outcome=outcome)
+        self.jobs.inc_key((queue, outcome))  # label order as declared: queue, outcome
         if duration_secs is not None:
-            self.job_duration.observe(duration_secs, queue=queue)
+            self.job_duration.observe_key((queue,), duration_secs)
 
     def api_request(self, route: str, status: int | str, duration_secs: float) -> None:
         """One API call finished; `status` is the HTTP code, or a word like "error" for no response."""
-        self.api_requests.inc(route=route, status=status)
-        self.api_duration.observe(duration_secs, route=route)
+        self.api_requests.inc_key((route, str(status)))  # label order as declared: route, status
+        self.api_duration.observe_key((route,), duration_secs)
 
     def render(self) -> str:
         return self.registry.render()
