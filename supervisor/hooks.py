@@ -2,43 +2,34 @@
 
 from __future__ import annotations
 
-
 from supervisor.arbiter import NullHooks
 from supervisor.child import set_title
 from supervisor.config import Config
+from supervisor.health import HealthServer
+from supervisor.metrics import DaemonMetrics
+from supervisor.notify import Notifier
 
-STATUS_EVERY = 2.0
+STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
 
 
 class DaemonHooks(NullHooks):
+    """Turns arbiter events into metrics, notify messages and titles; serves the health port if asked."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.metrics = None
-        self.notifier = None
-        self.health = None
+        self.metrics = DaemonMetrics(queues=[cfg.queue])
+        self.notifier = Notifier.from_env()
+        self.notifier.unset_env()  # children must not inherit NOTIFY_SOCKET
+        self.health: HealthServer | None = None
+        self._snapshot = None
         self._status_text = ""
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
-        try:
-            from supervisor.metrics import DaemonMetrics
-
-            self.metrics = DaemonMetrics(queues=[cfg.queue])
-        except ImportError:
-            pass
-        try:
-            from supervisor.notify import Notifier
-
-            self.notifier = Notifier.from_env()
-            self.notifier.unset_env()
-        except ImportError:
-            pass
 
     def start(self, snapshot) -> None:
         self._snapshot = snapshot
         if self.cfg.health_port is not None:
-            from supervisor.health import HealthServer
-
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
                                        max_api_age=API_SILENCE_UNHEALTHY)
             self.health.start()
@@ -49,45 +40,38 @@ class DaemonHooks(NullHooks):
 
     # -- arbiter events --
     def job_finished(self, queue, outcome, duration):
-        if self.metrics:
-            self.metrics.job_finished(queue, outcome, duration)
+        self.metrics.job_finished(queue, outcome, duration)
 
     def child_restarted(self, reason):
-        if self.metrics:
-            self.metrics.child_restarts.inc(reason=reason)
+        self.metrics.child_restarts.inc(reason=reason)
 
     def lease_renewed(self, outcome):
-        if self.metrics:
-            self.metrics.lease_renewals.inc(outcome=outcome)
+        self.metrics.lease_renewals.inc(outcome=outcome)
 
     def claimed(self, count):
-        if self.metrics:
-            self.metrics.claims.inc()
-            self.metrics.jobs_claimed.inc(count)
+        self.metrics.claims.inc()
+        self.metrics.jobs_claimed.inc(count)
 
     def api_request(self, route, status, seconds):
-        if self.metrics:
-            self.metrics.api_request(route, status or "error", seconds)
+        self.metrics.api_request(route, status or "error", seconds)
 
     def ready(self, status):
-        if self.notifier:
-            self.notifier.ready(status)
+        self.notifier.ready(status)
 
     def stopping(self):
-        if self.notifier:
-            self.notifier.stopping()
+        self.notifier.stopping()
 
     def status(self, text):
         set_title(text)
         self._status_text = text
 
     def tick(self, now):
-        if self.notifier and self.notifier.enabled:
+        if self.notifier.enabled:
             if self._status_text and now - self._status_sent_at >= STATUS_EVERY:
                 self._status_sent_at = now
                 self.notifier.status(self._status_text.replace("spooled-supervisor: parent ", ""))
             self.notifier.watchdog_if_due(now)
-        if self.metrics and now - self._gauges_at >= 1.0:
+        if self._snapshot is not None and now - self._gauges_at >= 1.0:
             self._gauges_at = now
             snap = self._snapshot()
             self.metrics.inflight.set(snap["inflight"])
