@@ -34,6 +34,13 @@ def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: s
         time.sleep(interval)
 
 
+def parse_ts(text: str) -> float:
+    """An RFC 3339 timestamp from the server as Unix seconds."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -201,6 +208,21 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+    def busy_child(self, job_id: str) -> int:
+        """The pid of the child whose process title says it runs `job_id` (polled until one does)."""
+        import psutil
+
+        def find():
+            for pid in self.child_pids():
+                try:
+                    if job_id in " ".join(psutil.Process(pid).cmdline()):
+                        return pid
+                except psutil.Error:
+                    pass
+            return None
+
+        return wait_until(find, timeout=10, what=f"a child busy with {job_id}")
 
     def child_pids(self) -> list[int]:
         """Pids of the handler children (grandchildren via the forkserver), found by process title."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import signal
 import time
-from datetime import datetime
 
 import psutil
 import pytest
@@ -13,10 +12,6 @@ import pytest
 from conftest import Daemon, DevServer, wait_for_status, wait_until
 
 HANDLER = "supervisor.demo_handlers:misbehave"
-
-
-def ts(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 @pytest.mark.timeout(60)

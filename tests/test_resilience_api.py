@@ -10,31 +10,15 @@ import os
 import signal
 import sqlite3
 import time
-from datetime import datetime
 
-import psutil
 import pytest
 
-from conftest import Daemon, DevServer, wait_for_status, wait_until
+from conftest import Daemon, DevServer, parse_ts, wait_for_status, wait_until
 
 DONE = ("completed", "failed", "deadletter")
 
 
-def parse_ts(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
-
-def busy_child(daemon: Daemon, job_id: str) -> int:
-    def find():
-        for pid in daemon.child_pids():
-            try:
-                if job_id in " ".join(psutil.Process(pid).cmdline()):
-                    return pid
-            except psutil.Error:
-                pass
-        return None
-
-    return wait_until(find, timeout=10, what=f"a child busy with {job_id}")
 
 
 def new_org(server: DevServer, slug: str) -> str:
@@ -57,7 +41,7 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
         d.wait_ready()
         ids = [server.enqueue("outage", {"do": "sleep", "secs": 1.5}) for _ in range(2)]
         for job_id in ids:
-            busy_child(d, job_id)
+            d.busy_child(job_id)
         server.stop()  # connection refused from now on
         down_at = time.time()
         # The jobs finish while the API is down; the daemon keeps their results and keeps trying.
@@ -94,7 +78,7 @@ def test_a_slow_api_never_stalls_the_loop(server):
     try:
         d.wait_ready()
         job_id = server.enqueue("slow", {"do": "sleep", "secs": 60}, max_retries=0)
-        victim = busy_child(d, job_id)
+        victim = d.busy_child(job_id)
         r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 4000, "cut": 0})
         assert r.status_code == 200, r.text
         # With every API call hanging 4 s, a child's death is still seen at once...
@@ -222,7 +206,7 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
         r = server.request("POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}},
                            key=key)
         job_id = r.json()["id"]
-        busy_child(d, job_id)
+        d.busy_child(job_id)
         started = time.monotonic()
         # Revoke the key: stop the server, delete the key's row, start it again on the same port.
         server.stop()

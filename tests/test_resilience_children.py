@@ -19,18 +19,6 @@ from conftest import Daemon, DevServer, wait_for_status, wait_until
 DONE = ("completed", "failed", "deadletter")
 
 
-def busy_child(daemon: Daemon, job_id: str) -> int:
-    """The pid of the child whose process title says it runs `job_id`."""
-    def find():
-        for pid in daemon.child_pids():
-            try:
-                if job_id in " ".join(psutil.Process(pid).cmdline()):
-                    return pid
-            except psutil.Error:
-                pass
-        return None
-
-    return wait_until(find, timeout=10, what=f"a child busy with {job_id}")
 
 
 def gone(pid: int) -> bool:
@@ -45,7 +33,7 @@ def test_child_crashes_fail_the_job_at_once_with_the_cause(dev_server, daemon_fa
     d = daemon_factory("crash", procs=2).wait_ready()
     # A long job on one child: it must carry on, untouched, while the other child dies again and again.
     steady = dev_server.enqueue("crash", {"do": "sleep", "secs": 5}, max_retries=0)
-    steady_pid = busy_child(d, steady)
+    steady_pid = d.busy_child(steady)
 
     cases = [
         ({"do": "os_exit", "code": 7}, "exited with code 7"),
@@ -63,7 +51,7 @@ def test_child_crashes_fail_the_job_at_once_with_the_cause(dev_server, daemon_fa
 
     # The OOM killer's way: SIGKILL from outside, mid-job.
     victim_job = dev_server.enqueue("crash", {"do": "sleep", "secs": 60}, max_retries=0)
-    victim = busy_child(d, victim_job)
+    victim = d.busy_child(victim_job)
     assert victim != steady_pid
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
@@ -99,7 +87,7 @@ def test_sys_exit_hang_and_blocked_signals_end_within_the_job_timeout(dev_server
     started = time.monotonic()
     hang = dev_server.enqueue("unruly", {"do": "hang"}, max_retries=0, timeout_seconds=1)
     blocker = dev_server.enqueue("unruly", {"do": "block_signals"}, max_retries=0, timeout_seconds=1)
-    blocker_pid = busy_child(d, blocker)
+    blocker_pid = d.busy_child(blocker)
     jobs = wait_for_status(dev_server, [hang, blocker], DONE, timeout=10)
     elapsed = time.monotonic() - started
     assert elapsed < 5, elapsed  # a 1 s timeout, then SIGTERM, then SIGKILL after the 1 s grace
@@ -191,7 +179,7 @@ def test_max_memory_per_child_replaces_after_the_job_or_stops_a_runaway(dev_serv
     # Growing during a job: stopped, and the job failed with a clear error.
     started = time.monotonic()
     grow = dev_server.enqueue("memory", {"do": "grow", "step_mb": 8, "pause": 0.05, "steps": 400}, max_retries=0)
-    grower = busy_child(d, grow)
+    grower = d.busy_child(grow)
     job = wait_for_status(dev_server, [grow], DONE, timeout=20)[0]
     assert job["status"] == "deadletter"
     assert job["last_error"].startswith(f"MemoryLimitExceeded: the child process (pid {grower}) grew to "), job
@@ -212,7 +200,7 @@ def test_parent_sigkill_leaves_no_orphans_and_a_restart_recovers_the_jobs(dev_se
     first = daemon_factory("orphans", procs=2, handler=handler, args=["--lease", "5"]).wait_ready()
     ids = [dev_server.enqueue("orphans", {"do": "slow_first", "ms": 60000}) for _ in range(2)]
     for job_id in ids:
-        busy_child(first, job_id)
+        first.busy_child(job_id)
     tree = [p.pid for p in psutil.Process(first.proc.pid).children(recursive=True)]
     assert len(tree) >= 3  # the forkserver and two children
     os.kill(first.proc.pid, signal.SIGKILL)
