@@ -1,0 +1,114 @@
+"""The parent's non-blocking HTTP client and the shared response parser, driven by a real selector loop."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import threading
+import time
+
+import pytest
+
+from supervisor import api, loophttp
+from supervisor.httpconn import parse_response
+
+
+def run_until_done(client: loophttp.LoopHTTP, sel: selectors.BaseSelector, wake_r: int, timeout: float = 10.0):
+    """Turn a minimal loop (the arbiter's shape) until the client hands back a result."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for key, mask in sel.select(0.05):
+            if key.data[0] == "http":
+                client.on_ready(key.data[1], mask, time.monotonic())
+            else:
+                os.read(wake_r, 4096)
+        client.expire(time.monotonic())
+        done = client.done()
+        if done:
+            return done
+    raise AssertionError("no result in time")
+
+
+def make_client(url: str, key: str, timeout: float = 5.0):
+    sel = selectors.DefaultSelector()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
+    spooled = api.SpooledAPI(url, api.Secret(key), timeout=timeout)
+    return spooled, loophttp.LoopHTTP(spooled, sel, wake_w), sel, wake_r
+
+
+@pytest.mark.timeout(30)
+def test_calls_on_a_kept_alive_connection(dev_server):
+    job_id = dev_server.enqueue("q-loop", {"x": 1})
+    spooled, client, sel, wake_r = make_client(dev_server.url, dev_server.api_key)
+    client.submit("claim", spooled.claim_call("q-loop", "w-loop", 5, 30))
+    [(tag, jobs, error)] = run_until_done(client, sel, wake_r)
+    assert tag == "claim" and error is None and [j["id"] for j in jobs] == [job_id]
+    client.submit("done", spooled.complete_call(job_id, "w-loop", jobs[0]["lease_id"], {"ok": True}))
+    [(tag, answer, error)] = run_until_done(client, sel, wake_r)
+    assert error is None and answer == {"success": True}
+    assert len(client.conns) == 1  # the same connection served both
+    client.submit("again", spooled.complete_call(job_id, "w-loop", jobs[0]["lease_id"], {"ok": True}))
+    [(_, _, error)] = run_until_done(client, sel, wake_r)
+    assert isinstance(error, api.AlreadyFinished) and error.status == 409
+    assert dev_server.job(job_id)["result"] == {"ok": True}
+
+
+@pytest.mark.timeout(30)
+def test_a_host_name_is_resolved_off_the_loop(dev_server, monkeypatch):
+    monkeypatch.setattr(loophttp, "_is_local", lambda host: False)  # take the resolver-thread path
+    spooled, client, sel, wake_r = make_client(dev_server.url.replace("127.0.0.1", "localhost"), dev_server.api_key)
+    assert client.addrs is None
+    client.submit("claim", spooled.claim_call("q-empty", "w", 1, 30))
+    [(_, jobs, error)] = run_until_done(client, sel, wake_r)
+    assert error is None and jobs == [] and client.addrs
+
+
+@pytest.mark.timeout(30)
+def test_refused_and_silent_servers_end_in_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spooled, client, sel, wake_r = make_client(f"http://127.0.0.1:{port}", "sp_test_0123456789")
+    client.submit("x", spooled.claim_call("q", "w", 1, 30))
+    [(_, _, error)] = run_until_done(client, sel, wake_r)
+    assert isinstance(error, api.Unavailable) and error.retryable
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(silent.accept()), daemon=True).start()
+    spooled, client, sel, wake_r = make_client(f"http://127.0.0.1:{silent.getsockname()[1]}", "sp_test_0123456789",
+                                               timeout=0.5)
+    started = time.monotonic()
+    client.submit("x", spooled.claim_call("q", "w", 1, 30))
+    [(_, _, error)] = run_until_done(client, sel, wake_r)
+    assert isinstance(error, api.Unavailable) and error.code == "TIMEOUT"
+    assert 0.4 < time.monotonic() - started < 3
+    assert client.conns == []
+    silent.close()
+
+
+def test_parse_response_framings():
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+    whole = head + b"Content-Length: 2\r\n\r\n{}"
+    assert parse_response(bytearray(whole[:-1]), "POST") is None
+    response, used = parse_response(bytearray(whole + b"HTTP/1.1"), "POST")
+    assert response.status == 200 and response.body == b"{}" and used == len(whole)
+    chunked = head + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+    response, used = parse_response(bytearray(chunked), "POST")
+    assert response.body == b"abcde" and used == len(chunked)
+    assert parse_response(bytearray(chunked[:-3]), "POST") is None
+    closing = head + b"\r\npartial body"
+    assert parse_response(bytearray(closing), "POST") is None
+    response, _ = parse_response(bytearray(closing), "POST", eof=True)
+    assert response.body == b"partial body" and response.close
+    response, _ = parse_response(bytearray(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"), "POST")
+    assert response.status == 204 and response.body == b""
+    with pytest.raises(ValueError):
+        parse_response(bytearray(b"garbage\r\n\r\n"), "POST")
+    with pytest.raises(ValueError):
+        parse_response(bytearray(head + b"Content-Length: 10\r\n\r\nshort"), "POST", eof=True)
