@@ -182,13 +182,17 @@ class SpooledAPI:
         raise classify(response.status, payload if isinstance(payload, dict) else {}, _Headers(response.headers),
                        call.job_route)
 
-    def execute(self, call: Call):
-        """Send `call` on this thread's connection and return its result; raise ApiError otherwise."""
+    def execute(self, call: Call, timeout: float | None = None):
+        """Send `call` on this thread's connection (or, with `timeout`, a fresh one with that timeout) and
+        return its result; raise ApiError otherwise."""
         started = time.monotonic()
         status = 0
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = Connection(self.host, self.port, self.timeout, self.ssl_context)
+        if timeout is not None:
+            conn = Connection(self.host, self.port, timeout, self.ssl_context)
+        else:
+            conn = getattr(self._local, "conn", None)
+            if conn is None:
+                conn = self._local.conn = Connection(self.host, self.port, self.timeout, self.ssl_context)
         try:
             try:
                 response = conn.request(call.method, call.path, self.headers, call.body)
@@ -201,6 +205,8 @@ class SpooledAPI:
         except (OSError, ValueError) as exc:
             raise network_error(exc, self.base_url) from None
         finally:
+            if timeout is not None:
+                conn.close()
             if self.on_request is not None:
                 self.on_request(call.route, status, time.monotonic() - started)
 
@@ -225,8 +231,9 @@ class SpooledAPI:
             body["memory_percent"] = memory_percent
         return self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
 
-    def deregister(self, worker_id: str) -> None:
-        self.request("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/deregister", None, route="deregister")
+    def deregister(self, worker_id: str, timeout: float | None = None) -> None:
+        self.execute(self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/deregister", None,
+                               route="deregister"), timeout)
 
     # -- job routes --
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> Call:

@@ -34,6 +34,7 @@ from supervisor.pool import ChildPool
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+DEREGISTER_TIMEOUT = 5.0
 CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a retirement changes the pool
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
@@ -87,6 +88,7 @@ class Arbiter(ChildPool, JobFlow, Membership):
         self.claim_inflight = False
         self.reports_after_claim: list = []  # outcomes held back while a claim is on the wire
         self.next_claim_at = 0.0
+        self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
         self.empty_claims = 0
         self.claim_failures = 0
         # children
@@ -122,10 +124,11 @@ class Arbiter(ChildPool, JobFlow, Membership):
             while self.exit_code is None:
                 try:
                     self.turn()
+                    self.loop_errors = 0
                 except Exception:  # a bug must not take down the jobs in flight; log it and go on
                     log.exception("unexpected error in the main loop; carrying on")
                     self.loop_errors += 1
-                    if self.loop_errors > 100:
+                    if self.loop_errors > 100:  # a hundred turns in a row: this will not mend itself
                         raise
                     time.sleep(0.1)
         finally:
@@ -184,9 +187,9 @@ class Arbiter(ChildPool, JobFlow, Membership):
             if deadline is not None:
                 times.append(deadline)
         times += [c.kill_at for c in self.children.values() if c.kill_at is not None]
-        times += [t for slot, t in self.respawn_at.items() if slot not in self.children]
+        times += [t for slot, t in self.respawn_at.items() if slot not in self.children and slot < self.target]
         if self.registered and not self.draining and not self.claim_inflight and self.idle_children():
-            times.append(self.next_claim_at)
+            times.append(max(self.next_claim_at, self.claim_not_before))
         if self.drain_deadline is not None:
             times.append(self.drain_deadline)
         if self.registered and not self.heartbeat_inflight:
@@ -269,14 +272,15 @@ class Arbiter(ChildPool, JobFlow, Membership):
             return
         self.shutdown_children()
         if self.registered:
+            # Two short attempts: drain + kill grace + these stay inside systemd's TimeoutStopSec.
             for attempt in (1, 2):
                 try:
-                    self.api.deregister(self.cfg.worker_id)
+                    self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))
                     log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
                     break
                 except api.Unavailable as exc:
                     log_event(log, WARNING, "deregister failed", error=str(exc), attempt=attempt)
-                except api.ApiError as exc:
+                except Exception as exc:
                     log_event(log, WARNING, "deregister refused", error=str(exc))
                     break
             self.registered = False
@@ -300,23 +304,45 @@ class Arbiter(ChildPool, JobFlow, Membership):
 
     # ------------------------------------------------------------ API results
     def handle_api_results(self, now: float) -> None:
+        """Hand each finished API call to its `on_*` method; one that fails is logged and undone, not lost."""
         for tag, result, error in self.http.done():
             if error is None or not isinstance(error, api.Unavailable):
                 self.api_ok_at = now
-            if error is not None and not isinstance(error, api.ApiError):
-                log.exception("unexpected error in an API call", exc_info=error)
-                error = api.Unavailable(0, "CLIENT_ERROR", f"{type(error).__name__}: {error}")
-            kind = tag[0]
-            if kind == "claim":
-                self.on_claim(tag[1], tag[2], result, error, now)
-            elif kind == "report":
-                self.on_report(tag[1], error, now)
-            elif kind == "renew":
-                self.on_renew(tag[1], tag[2], error, now)
-            elif kind == "heartbeat":
-                self.on_heartbeat(error, now)
-            elif kind == "register":
-                self.on_register(result, error, now)
+            try:
+                self.dispatch_result(tag, result, error, now)
+            except Exception:
+                log.exception("error handling the answer to a %s call; recovering", tag[0])
+                self.recover_call(tag, now)
+
+    def dispatch_result(self, tag: tuple, result, error, now: float) -> None:
+        kind = tag[0]
+        if kind == "claim":
+            self.on_claim(tag[1], tag[2], result, error, now)
+        elif kind == "report":
+            self.on_report(tag[1], error, now)
+        elif kind == "renew":
+            self.on_renew(tag[1], tag[2], error, now)
+        elif kind == "heartbeat":
+            self.on_heartbeat(error, now)
+        elif kind == "register":
+            self.on_register(result, error, now)
+
+    def recover_call(self, tag: tuple, now: float) -> None:
+        """Put back the state a call's handler failed to settle, so nothing waits on it for ever."""
+        kind = tag[0]
+        if kind == "claim":
+            self.claim_inflight = False
+            self.claim_not_before = now + 1.0
+            self.send_held_reports()
+        elif kind == "report" and self.inflight.get(tag[1].id) is tag[1]:
+            tag[1].reporting = False
+            self.after(1.0, self._retry_report, tag[1])
+        elif kind == "renew":
+            tag[1].renewing = False
+        elif kind == "heartbeat":
+            self.heartbeat_inflight = False
+        elif kind == "register" and not self.registered:
+            self.after(5.0, self.register)
 
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:

@@ -146,6 +146,8 @@ class Connection:
                     if reused and not self._buf:
                         raise StaleConnection("connection closed before the answer")
                     got = parse_response(self._buf, method, eof=True)
+                    if got is None:
+                        raise ConnectionResetError("connection closed before the answer")
                     break
                 self._buf += chunk
         except BaseException:

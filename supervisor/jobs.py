@@ -72,7 +72,8 @@ class JobFlow:
             log_event(log, DEBUG, "job started", **self.job_fields(entry, now))
 
     def maybe_claim(self, now: float) -> None:
-        if not self.registered or self.draining or self.claim_inflight or now < self.next_claim_at:
+        if (not self.registered or self.draining or self.claim_inflight or now < self.next_claim_at
+                or now < self.claim_not_before):
             return
         free = len(self.idle_children()) - len(self.inflight.waiting())
         if free <= 0:
@@ -93,12 +94,15 @@ class JobFlow:
                 wait = max(wait, float(error.retry_after))
             log_event(log, WARNING if self.claim_failures <= 3 or self.claim_failures % 20 == 0 else DEBUG,
                       "claim failed", error=str(error), retry_in=round(wait, 2), failures=self.claim_failures)
-            self.next_claim_at = now + wait
+            self.claim_not_before = now + wait
             return
         self.claim_failures = 0
+        self.claim_not_before = 0.0
         for job in jobs:
-            self.inflight.add(job, sent_at)
-            log_event(log, DEBUG, "job claimed", job_id=job.get("id"), queue=self.cfg.queue, worker_id=self.cfg.worker_id)
+            if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job.get("lease_id"):
+                log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(job)[:200])
+                continue
+            self.take_claimed(job, sent_at, now)
         self.hooks.claimed(len(jobs))
         if len(jobs) < asked:
             self.empty_claims += 1
@@ -108,6 +112,15 @@ class JobFlow:
             self.next_claim_at = now
         self.dispatch_waiting(now)
         self.send_held_reports()
+
+    def take_claimed(self, job: dict, sent_at: float, now: float) -> None:
+        """Add a claimed job to the table. The same id again means the server re-issued it (our lease had
+        expired): the old copy's work and answers are void."""
+        old = self.inflight.get(job["id"])
+        if old is not None:
+            self.lease_lost(old, "the server handed this job out again under a new lease", now)
+        self.inflight.add(job, sent_at)
+        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=self.cfg.queue, worker_id=self.cfg.worker_id)
 
     def send_held_reports(self) -> None:
         held, self.reports_after_claim = self.reports_after_claim, []
@@ -123,14 +136,14 @@ class JobFlow:
         entry.report_attempts += 1
         kind, value = entry.outcome
         if kind == "complete":
-            self.submit(("report", entry.id), self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
+            self.submit(("report", entry), self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
         else:
-            self.submit(("report", entry.id), self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
+            self.submit(("report", entry), self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
 
-    def on_report(self, job_id: str, error, now: float) -> None:
-        entry = self.inflight.get(job_id)
-        if entry is None:
-            return
+    def on_report(self, entry: Entry, error, now: float) -> None:
+        job_id = entry.id
+        if self.inflight.get(job_id) is not entry:
+            return  # settled or void meanwhile (lease lost, handed out again)
         entry.reporting = False
         kind, value = entry.outcome
         fields = self.job_fields(entry, now)
@@ -167,11 +180,10 @@ class JobFlow:
                 wait = max(wait, float(error.retry_after))
             log_event(log, WARNING, f"{kind} not delivered yet; will retry", error=str(error),
                       retry_in=round(wait, 2), attempts=entry.report_attempts, **fields)
-            self.after(wait, self._retry_report, job_id)
+            self.after(wait, self._retry_report, entry)
 
-    def _retry_report(self, job_id: str) -> None:
-        entry = self.inflight.get(job_id)
-        if entry is not None and entry.outcome is not None:
+    def _retry_report(self, entry: Entry) -> None:
+        if self.inflight.get(entry.id) is entry and entry.outcome is not None:
             self.report(entry)
 
     def enforce_deadlines(self, now: float) -> None:
@@ -196,21 +208,25 @@ class JobFlow:
                 child.kill_at = None
         for entry in self.inflight.renewals_due(now):
             entry.renewing = True
-            self.submit(("renew", entry.id, now), self.api.renew_lease_call(entry.id, self.cfg.worker_id,
-                                                                            entry.lease_id, self.cfg.lease))
+            self.submit(("renew", entry, now), self.api.renew_lease_call(entry.id, self.cfg.worker_id,
+                                                                         entry.lease_id, self.cfg.lease))
         if now >= self.next_memory_check:
             self.next_memory_check = now + MEMORY_CHECK_EVERY
             self.check_memory(now)
 
-    def on_renew(self, job_id: str, sent_at: float, error, now: float) -> None:
-        entry = self.inflight.get(job_id)
-        if entry is None:
+    def on_renew(self, entry: Entry, sent_at: float, error, now: float) -> None:
+        if self.inflight.get(entry.id) is not entry:
             return
         if error is None:
             self.inflight.renewed(entry, sent_at)
             self.hooks.lease_renewed("ok")
             return
         entry.renewing = False
+        if entry.outcome is not None and not isinstance(error, api.Unauthorized):
+            # The outcome is on its way (or waiting to be retried): its answer settles the job. A renewal
+            # racing a delivered `complete` meets 'already completed', which is no lost lease.
+            entry.renew_at = now + min(2.0, self.cfg.lease / 10.0)
+            return
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.hooks.lease_renewed("lost")
             self.lease_lost(entry, error, now)

@@ -22,6 +22,7 @@ import time
 
 from supervisor.api import ApiError, Call, SpooledAPI, Unavailable, network_error
 from supervisor.httpconn import build_request, header_block, parse_response
+from supervisor.retry import backoff
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -54,6 +55,8 @@ class LoopHTTP:
         self.addrs: list | None = None
         self.resolve_error: Exception | None = None
         self._resolving = False
+        self._resolve_failures = 0
+        self._resolve_after = 0.0
         self._next_addr = 0
         if _is_local(api.host):
             self._resolve()
@@ -99,18 +102,17 @@ class LoopHTTP:
 
     # ------------------------------------------------------------ scheduling
     def pump(self, now: float) -> None:
-        if not self.queue:
-            return
-        if self.addrs is None:
-            self._start_resolving()
-            return
-        for conn in self.conns:
+        """Send queued calls on idle connections, opening new ones up to the limit."""
+        for conn in list(self.conns):
             if not self.queue:
                 return
             if conn.state == "idle":
                 tag, call, deadline = self.queue.popleft()
                 self._start(conn, tag, call, now, deadline)
         while self.queue and len(self.conns) < self.max_connections:
+            if self.addrs is None:  # (again) after every address failed: resolve before connecting
+                self._start_resolving(now)
+                return
             tag, call, deadline = self.queue.popleft()
             conn = _Conn()
             self.conns.append(conn)
@@ -133,12 +135,15 @@ class LoopHTTP:
     def _resolve(self) -> None:
         try:
             self.addrs = socket.getaddrinfo(self.api.host, self.api.port, type=socket.SOCK_STREAM)
-            self.resolve_error = None
+            self.resolve_error, self._resolve_failures = None, 0
         except OSError as exc:
             self.resolve_error = exc
+            self._resolve_failures += 1
+            self._resolve_after = time.monotonic() + backoff(self._resolve_failures, 0.5, 30.0)
 
-    def _start_resolving(self) -> None:
-        if self._resolving:
+    def _start_resolving(self, now: float) -> None:
+        """Look the host name up on a helper thread (never twice at once, with back-off after a failure)."""
+        if self._resolving or now < self._resolve_after:
             return
         self._resolving = True
 
@@ -237,8 +242,12 @@ class LoopHTTP:
                 eof = True
                 break
             conn.inbuf += chunk
-        if conn.state == "idle":  # the server closed a kept-alive connection (or sent garbage)
-            return self._close(conn)
+        if conn.state == "idle":
+            if eof or conn.inbuf:  # the server closed a kept-alive connection (or sent garbage)
+                self._close(conn)
+            else:  # a TLS record with no data (a session ticket, a key update): nothing to do
+                self._watch(conn, _R)
+            return
         if eof and not conn.inbuf and conn.reused:
             if not conn.resent and conn.call.resend_on_stale:
                 return self._resend(conn)
@@ -247,7 +256,7 @@ class LoopHTTP:
         if got is None:
             if eof:
                 raise ConnectionResetError("connection closed in the middle of the answer")
-            return
+            return self._watch(conn, _R)  # after a TLS want-write, go back to waiting for the answer
         response, used = got
         del conn.inbuf[:used]
         tag, call, started = conn.tag, conn.call, conn.started
@@ -260,11 +269,16 @@ class LoopHTTP:
             result, error = self.api.result(call, response), None
         except ApiError as exc:
             result, error = None, exc
+        except Exception as exc:  # a 2xx the client cannot read (e.g. not the JSON shape expected)
+            result, error = None, Unavailable(response.status, "BAD_ANSWER", f"unreadable answer from "
+                                              f"{self.api.base_url}: {type(exc).__name__}: {exc}")
         self._result(tag, call, started, result, error, response.status)
         self.pump(time.monotonic())
 
     def _resend(self, conn: _Conn) -> None:
         tag, call, started, deadline = conn.tag, conn.call, conn.started, conn.deadline
+        if self.addrs is None:
+            return self._fail(conn, Unavailable(0, "CONNECTION_RESET", f"connection to {self.api.base_url} closed"))
         self._drop_socket(conn)
         conn.tag, conn.call, conn.started, conn.deadline, conn.resent = tag, call, started, deadline, True
         self._connect(conn)

@@ -69,8 +69,8 @@ class Membership:
         if self.draining:
             return "draining"
         now = time.monotonic()
-        self.recent_crashes = [t for t in self.recent_crashes if now - t < DEGRADED_FOR]
-        if (self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or len(self.recent_crashes) >= 3:
+        crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
+        if (self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3:
             return "degraded"
         return "healthy"
 

@@ -13,6 +13,7 @@ from logging import DEBUG, ERROR, INFO, WARNING
 from supervisor import exitcodes
 from supervisor.children import Child, death_cause, spawn_child, stop_child
 from supervisor.logs import log_event
+from supervisor.membership import DEGRADED_FOR
 from supervisor.retry import backoff
 
 log = logging.getLogger("supervisor")
@@ -28,10 +29,15 @@ class ChildPool:
 
     def converge(self, now: float) -> None:
         """Make the children match the target: respawn empty slots, retire extra and due ones."""
+        for slot in [s for s in self.respawn_at if s >= self.target]:
+            del self.respawn_at[slot]  # resized away: nothing to respawn there
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not self.stopping_for_good():
                 self.start_child(slot, now)
-        replacing = any(c.state == "starting" for c in self.children.values())
+        # A reload replaces one child at a time, and waits while a new child is starting, one is being
+        # stopped, or a slot is backing off after a failed start (new code that does not import).
+        replacing = bool(self.boot_failures) or any(
+            c.state == "starting" or (c.state == "stopping" and c.stop_reason == "reload") for c in self.children.values())
         for child in list(self.children.values()):
             if child.slot >= self.target and child.state in ("idle", "starting"):
                 stop_child(child, "resize", now, self.cfg.kill_grace, graceful=child.state == "idle")
@@ -56,6 +62,7 @@ class ChildPool:
         except OSError as exc:
             log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc))
             self.respawn_at[slot] = now + backoff(self.boot_failures.get(slot, 0) + 1, 0.5, 30.0)
+            self.next_converge_at = min(self.next_converge_at, self.respawn_at[slot])
             return
         self.children[slot] = child
         self.sel.register(child.chan.sock, selectors.EVENT_READ, ("chan", child))
@@ -139,7 +146,7 @@ class ChildPool:
         code = child.proc.exitcode
         cause = death_cause(code)
         entry = self.inflight.on_child(child.slot)
-        was_starting = child.state == "starting"
+        was_starting = child.state == "starting" or child.stop_reason == "boot_failed"
         expected = child.state == "stopping" and child.stop_reason in ("shutdown", "resize", "max_jobs", "max_memory", "reload")
         self.forget_child(child)
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
@@ -156,6 +163,7 @@ class ChildPool:
             self.last_boot_failure = now
             delay = backoff(failures, 0.5, 30.0)
             self.respawn_at[child.slot] = now + delay
+            self.next_converge_at = min(self.next_converge_at, self.respawn_at[child.slot])
             self.hooks.child_restarted("boot_failed")
             if not self.first_child_ready and failures >= 1 and child.boot_error is not None:
                 log_event(log, ERROR, f"cannot import handler {self.cfg.handler}:\n{child.boot_error}")
@@ -171,7 +179,7 @@ class ChildPool:
         else:
             reason = child.stop_reason or "crashed"
             if reason == "crashed":
-                self.recent_crashes.append(now)
+                self.recent_crashes = [t for t in self.recent_crashes if now - t < DEGRADED_FOR] + [now]
             self.respawn_at.pop(child.slot, None)
             self.hooks.child_restarted(reason)
             level = INFO if child.stop_reason in ("timeout", "lease_lost") else WARNING

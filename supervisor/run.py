@@ -14,7 +14,7 @@ from supervisor.config import ConfigError, load_config
 from supervisor.hooks import DaemonHooks
 from supervisor.logs import setup_logging
 
-SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE")
+SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
-    start_forkserver()  # before the health thread: no process is ever forked from a threaded one
-    hooks = DaemonHooks(cfg)
+    hooks = DaemonHooks(cfg)  # reads, then unsets, systemd's NOTIFY_SOCKET and WATCHDOG_*
+    start_forkserver()  # with the key and the notify socket out of the environment, before any thread
     client = SpooledAPI(cfg.api_url, cfg.api_key, timeout=cfg.api_timeout, ca_bundle=cfg.ca_bundle,
                         on_request=hooks.api_request)
     arbiter = Arbiter(cfg, client, hooks)

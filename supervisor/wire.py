@@ -36,6 +36,7 @@ class Channel:
         self.sock = sock
         self._out = bytearray()
         self._in = bytearray()
+        self._eof = False
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -59,7 +60,10 @@ class Channel:
             del self._out[:n]
 
     def receive(self) -> list:
-        """Read what is available and return the complete messages. Raises EOFError at end of stream."""
+        """Read what is available and return the complete messages. Raises EOFError at end of stream
+        (after handing out, on the call before, any whole message that came in ahead of it)."""
+        if self._eof:
+            raise EOFError
         while True:
             try:
                 chunk = self.sock.recv(_READ_CHUNK)
@@ -68,13 +72,15 @@ class Channel:
             except ConnectionResetError:
                 chunk = b""
             if not chunk:
-                if self._in:
-                    break  # deliver what is complete first; EOF is seen on the next call
-                raise EOFError
+                self._eof = True
+                break
             self._in += chunk
             if len(chunk) < _READ_CHUNK:
                 break
-        return list(self._take_frames())
+        messages = list(self._take_frames())
+        if self._eof and not messages:
+            raise EOFError
+        return messages
 
     def _take_frames(self):
         buf = self._in

@@ -112,3 +112,46 @@ def test_parse_response_framings():
         parse_response(bytearray(b"garbage\r\n\r\n"), "POST")
     with pytest.raises(ValueError):
         parse_response(bytearray(head + b"Content-Length: 10\r\n\r\nshort"), "POST", eof=True)
+
+
+def one_shot_server(answer: bytes | None):
+    """A loopback server that answers each connection's first request with `answer` (None: just close)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                if answer is not None:
+                    conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv
+
+
+@pytest.mark.timeout(30)
+def test_a_2xx_answer_of_the_wrong_shape_is_an_error_not_a_lost_call():
+    body = b'[{"id": "x"}]'
+    srv = one_shot_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                          + str(len(body)).encode() + b"\r\n\r\n" + body)
+    spooled, client, sel, wake_r = make_client(f"http://127.0.0.1:{srv.getsockname()[1]}", "sp_test_0123456789")
+    client.submit("claim", spooled.claim_call("q", "w", 1, 30))
+    [(tag, result, error)] = run_until_done(client, sel, wake_r)
+    assert tag == "claim" and result is None
+    assert isinstance(error, api.Unavailable) and error.code == "BAD_ANSWER"
+    srv.close()
+
+
+@pytest.mark.timeout(30)
+def test_blocking_call_to_a_server_that_hangs_up_is_unavailable():
+    srv = one_shot_server(None)
+    spooled = api.SpooledAPI(f"http://127.0.0.1:{srv.getsockname()[1]}", api.Secret("sp_test_0123456789"), timeout=2)
+    with pytest.raises(api.Unavailable):
+        spooled.deregister("w", timeout=1)
+    srv.close()

@@ -158,3 +158,57 @@ def test_text_log_format(dev_server):
     finally:
         d.stop()
     assert dev_server.api_key not in d.out.text()
+
+
+@pytest.mark.timeout(90)
+def test_sighup_with_code_that_no_longer_imports_keeps_the_old_children_working(dev_server, tmp_path):
+    import psutil
+
+    port = free_port()
+    flag = tmp_path / "boot-fail"
+    daemon = Daemon(dev_server, "q-badreload", handler="tests.handlers_chaos:handle", procs=2, worker_id="w-badreload",
+                    args=["--health-port", str(port)], env={"CHAOS_BOOT_FAIL_FLAG": str(flag)}).start()
+    try:
+        daemon.wait_ready()
+        flag.write_text("the new code is broken")
+        daemon.signal(signal.SIGHUP)
+        daemon.out.wait_for(r"child failed while starting; backing off")
+        # One slot backs off; the reload waits there, so the other child keeps running jobs.
+        ids = [dev_server.enqueue("q-badreload", {"do": "echo", "n": i}) for i in range(5)]
+        wait_for_status(dev_server, ids, timeout=30)
+        assert len([c for c in status_of(port)["children"] if c["state"] in ("idle", "busy")]) == 1
+        assert len({r["msg"] and r.get("slot") for r in daemon.events("child failed while starting; backing off")}) == 1
+        # Shrinking the pool past the backing-off slot must not leave the loop spinning on its old timer.
+        daemon.signal(signal.SIGTTOU)
+        wait_until(lambda: status_of(port)["procs"] == 1, timeout=10, what="procs 1")
+        parent = psutil.Process(daemon.proc.pid)
+        parent.cpu_percent(None)
+        wait_until(lambda: status_of(port)["loop_age_secs"] < 5, timeout=5, what="a live loop")
+        busy = parent.cpu_percent(1.5)
+        assert busy < 20, f"parent at {busy}% CPU while idle"
+        flag.unlink()
+        later = dev_server.enqueue("q-badreload", {"do": "echo"})
+        wait_for_status(dev_server, [later], timeout=40)
+    finally:
+        daemon.stop()
+
+
+@pytest.mark.timeout(60)
+def test_children_inherit_neither_notify_socket_nor_credentials(dev_server, tmp_path):
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "spooled-api-key").write_text(dev_server.api_key)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "n.sock"))
+    job_id = dev_server.enqueue("q-env", {"do": "env"})
+    daemon = Daemon(dev_server, "q-env", procs=1, worker_id="w-env",
+                    env={"SPOOLED_API_KEY": "", "CREDENTIALS_DIRECTORY": str(creds),
+                         "NOTIFY_SOCKET": str(tmp_path / "n.sock"), "WATCHDOG_USEC": "5000000"}).start()
+    try:
+        env = wait_for_status(dev_server, [job_id], timeout=30)[0]["result"]["env"]
+    finally:
+        daemon.stop()
+        notify.close()
+    for name in ("SPOOLED_API_KEY", "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC"):
+        assert name not in env, name
+    assert dev_server.api_key not in str(env)
