@@ -60,7 +60,7 @@ class Arbiter(ChildPool, JobFlow, Membership):
         self.api = client
         self.hooks = hooks or NullHooks()
         self.target = cfg.procs
-        self.generation = 0
+        self.reloads = 0
         self.children: dict[int, Child] = {}
         self.inflight = InFlight(cfg.lease)
         self.signals: SimpleQueue = SimpleQueue()
@@ -81,7 +81,6 @@ class Arbiter(ChildPool, JobFlow, Membership):
         self.recent_crashes: list[float] = []
         self.draining = False
         self.drain_deadline: float | None = None
-        self.stop_now = False
         self.exit_code: int | None = None
         self.first_child_ready = False
         # claiming
@@ -229,8 +228,8 @@ class Arbiter(ChildPool, JobFlow, Membership):
                               drain_timeout=self.cfg.drain_timeout)
                     self.begin_drain(now, exitcodes.OK)
             elif sig == signal.SIGHUP:
-                self.generation += 1
-                log_event(log, INFO, "SIGHUP: replacing children one at a time", generation=self.generation)
+                self.reloads += 1
+                log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
                 for child in self.children.values():
                     child.retire = child.retire or "reload"
             elif sig == signal.SIGTTIN:

@@ -33,7 +33,6 @@ class Child:
     slot: int
     proc: multiprocessing.process.BaseProcess
     chan: Channel
-    generation: int
     started_at: float
     job_quota: int = 0  # 0 = no limit
     state: str = "starting"  # starting -> idle <-> busy; stopping once asked to go
@@ -73,7 +72,7 @@ def job_quota(max_jobs: int) -> int:
     return max_jobs + random.randint(0, max(0, max_jobs // 10))
 
 
-def spawn_child(slot: int, generation: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int) -> Child:
+def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int) -> Child:
     parent_end, child_end = socket.socketpair()
     proc = _CONTEXT.Process(
         target=child_main,
@@ -84,7 +83,7 @@ def spawn_child(slot: int, generation: int, now: float, handler: str, worker_id:
         proc.start()
     finally:
         child_end.close()
-    return Child(slot=slot, proc=proc, chan=Channel(parent_end), generation=generation, started_at=now,
+    return Child(slot=slot, proc=proc, chan=Channel(parent_end), started_at=now,
                  job_quota=job_quota(max_jobs), pid=proc.pid)
 
 

@@ -31,6 +31,7 @@ class ChildPool:
         """Make the children match the target: respawn empty slots, retire extra and due ones."""
         for slot in [s for s in self.respawn_at if s >= self.target]:
             del self.respawn_at[slot]  # resized away: nothing to respawn there
+            self.boot_failures.pop(slot, None)
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not self.stopping_for_good():
                 self.start_child(slot, now)
@@ -57,7 +58,7 @@ class ChildPool:
 
     def start_child(self, slot: int, now: float) -> None:
         try:
-            child = spawn_child(slot, self.generation, now, self.cfg.handler, self.cfg.worker_id,
+            child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
                                 self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
         except OSError as exc:
             log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc))
