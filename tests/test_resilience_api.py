@@ -236,3 +236,20 @@ def test_409_worker_id_owned_by_another_org_exits_5(server):
     assert d.wait(20) == 5
     line = d.events("worker id 'shared-id' belongs to another organization; choose another --worker-id")
     assert line and line[0]["level"] == "error" and "409" in line[0]["error"]
+
+
+@pytest.mark.timeout(60)
+def test_leases_are_renewed_while_every_answer_is_slow(server):
+    """Every request takes 1.5 s; a job running 2.5 times its 5 s lease still completes on its first delivery."""
+    job_id = server.enqueue("slow-renew", {"do": "sleep", "secs": 12}, timeout_seconds=60)
+    d = Daemon(server, "slow-renew", procs=1, args=["--lease", "5", "--api-timeout", "4"]).start()
+    try:
+        wait_for_status(server, [job_id], statuses=("processing",), timeout=20)
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 1500, "cut": 0})
+        job = wait_for_status(server, [job_id], statuses=DONE, timeout=40)[0]
+        assert job["status"] == "completed" and job["retry_count"] == 0, job
+        assert job["result"]["slept"] == 12
+        assert not d.events("lease lost; stopping the job's work")
+    finally:
+        server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        d.stop()
