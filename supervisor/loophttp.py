@@ -103,6 +103,8 @@ class LoopHTTP:
     # ------------------------------------------------------------ scheduling
     def pump(self, now: float) -> None:
         """Send queued calls on idle connections, opening new ones up to the limit."""
+        if not self.queue:  # the common case: called every loop turn with nothing waiting
+            return
         for conn in list(self.conns):
             if not self.queue:
                 return
