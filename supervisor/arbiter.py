@@ -22,7 +22,7 @@ from queue import SimpleQueue
 import psutil
 
 from supervisor import __version__, api, exitcodes
-from supervisor.children import Child, signal_child, start_forkserver, stop_child
+from supervisor.children import Child, signal_child, stop_child
 from supervisor.config import Config
 from supervisor.inflight import InFlight
 from supervisor.jobs import JobFlow
@@ -109,8 +109,8 @@ class Arbiter(ChildPool, JobFlow, Membership):
 
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
-        """Run until drained or stopped; return the process exit code."""
-        start_forkserver()
+        """Run until drained or stopped; return the process exit code. The caller has started the
+        forkserver (`children.start_forkserver`) before any thread of this process exists."""
         for sig in HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
@@ -231,7 +231,7 @@ class Arbiter(ChildPool, JobFlow, Membership):
                 self.reloads += 1
                 log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
                 for child in self.children.values():
-                    child.retire = child.retire or "reload"
+                    self.retire(child, "reload")
             elif sig == signal.SIGTTIN:
                 self.target = min(1000, self.target + 1)
                 log_event(log, INFO, "SIGTTIN: one more child", procs=self.target)

@@ -6,7 +6,7 @@ its outcome is acknowledged by the API, its lease is found lost, or the daemon g
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -20,10 +20,11 @@ class Entry:
     started_at: float | None = None
     timeout_at: float | None = None
     outcome: tuple | None = None  # ("complete", result) or ("fail", error), once known
+    kind: str = "completed"  # the metrics outcome: completed, failed, timed_out or crashed
+    duration: float | None = None  # how long the child ran it, once it ended
     renewing: bool = False
     reporting: bool = False
     report_attempts: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def id(self) -> str:
@@ -65,9 +66,13 @@ class InFlight:
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
 
-    def finish(self, entry: Entry, outcome: tuple) -> None:
-        """The child is done with it (or was stopped); what is left is telling the API."""
+    def finish(self, entry: Entry, outcome: tuple, now: float, kind: str = "failed") -> None:
+        """The child is done with it (or was stopped): record how and for how long; what is left is
+        telling the API. `kind` labels a failure for the metrics (failed, timed_out, crashed)."""
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
+        entry.kind = "completed" if outcome[0] == "complete" else kind
+        if entry.started_at is not None:
+            entry.duration = now - entry.started_at
 
     def renewed(self, entry: Entry, sent_at: float) -> None:
         entry.lease_until = sent_at + self.lease_secs

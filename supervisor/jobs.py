@@ -36,18 +36,13 @@ class JobFlow:
             entry = None
         else:
             outcome = ("complete", msg.get("result")) if msg.get("ok") else ("fail", msg.get("error") or "Job failed")
-            entry.extra["duration"] = now - (entry.started_at or now)
-            self.inflight.finish(entry, outcome)
+            self.inflight.finish(entry, outcome, now)
         if child.job_quota and child.jobs_done >= child.job_quota:
-            child.retire = child.retire or "max_jobs"
+            self.retire(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
-            child.retire = child.retire or "max_memory"
-        if child.retire and child.state == "idle":
-            self.pool_changed = True
-            log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.retire,
-                      jobs_done=child.jobs_done, rss=child.rss)
-            if child.retire != "reload":
-                stop_child(child, child.retire, now, self.cfg.kill_grace, graceful=True)
+            self.retire(child, "max_memory")
+        if child.retire:
+            self.pool_changed = True  # converge replaces it this turn (a reload: one at a time)
         self.dispatch_waiting(now)
         self.next_claim_at = min(self.next_claim_at, now)  # claim again as soon as a child frees up,
         self.maybe_claim(now)  # and before reporting: the child waits on the claim, the report can wait
@@ -149,11 +144,7 @@ class JobFlow:
         fields = self.job_fields(entry, now)
         if error is None:
             self.inflight.pop(job_id)
-            if kind == "complete":
-                outcome = "completed"
-            else:
-                outcome = entry.extra.get("outcome") or ("crashed" if entry.extra.get("crashed") else "failed")
-            self.hooks.job_finished(entry.queue, outcome, entry.extra.get("duration"))
+            self.hooks.job_finished(entry.queue, entry.kind, entry.duration)
             if kind == "complete":
                 log_event(log, INFO, "job completed", **fields)
             else:
@@ -161,7 +152,7 @@ class JobFlow:
             return
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(job_id)
-            self.hooks.job_finished(entry.queue, "lease_lost", entry.extra.get("duration"))
+            self.hooks.job_finished(entry.queue, "lease_lost", entry.duration)
             log_event(log, WARNING, f"{kind} refused: this worker no longer holds the job; outcome dropped",
                       error=str(error), **fields)
         elif isinstance(error, api.Unauthorized):
@@ -169,7 +160,7 @@ class JobFlow:
             self.fatal(exitcodes.AUTH, error)
         elif isinstance(error, api.Rejected) and kind == "complete":
             log_event(log, ERROR, "the API refused the result; failing the job instead", error=str(error), **fields)
-            entry.outcome = ("fail", f"ResultRejected: the API refused this job's result: {error}")
+            entry.outcome, entry.kind = ("fail", f"ResultRejected: the API refused this job's result: {error}"), "failed"
             self.report(entry)
         elif isinstance(error, api.Rejected):
             self.inflight.pop(job_id)
@@ -188,18 +179,12 @@ class JobFlow:
 
     def enforce_deadlines(self, now: float) -> None:
         for entry in self.inflight.timed_out(now):
-            child = self.children.get(entry.slot)
             timeout = entry.job.get("timeout_seconds")
             log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
                       **self.job_fields(entry, now))
-            if child is not None:
-                child.job_id = None
-                stop_child(child, "timeout", now, self.cfg.kill_grace)
-            entry.extra["outcome"] = "timed_out"
-            entry.extra["duration"] = now - (entry.started_at or now)
-            self.inflight.finish(entry, ("fail", f"JobTimeout: the job ran past its timeout of {timeout} s; "
-                                                 f"its child process (pid {entry.pid}) was stopped"))
-            self.report(entry)
+            self.stop_job(entry, "timeout", now)
+            self.fail_job(entry, f"JobTimeout: the job ran past its timeout of {timeout} s; its child process "
+                                 f"(pid {entry.pid}) was stopped", now, "timed_out")
         for child in self.children.values():
             if child.kill_at is not None and now >= child.kill_at:
                 log_event(log, WARNING, "child ignored SIGTERM; sending SIGKILL", slot=child.slot, pid=child.pid,
@@ -240,7 +225,7 @@ class JobFlow:
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
-        duration = entry.extra.get("duration")
+        duration = entry.duration
         if duration is None:
             duration = now - entry.started_at if entry.started_at is not None else 0.0
         return {"job_id": entry.id, "queue": entry.queue, "worker_id": self.cfg.worker_id, "pid": entry.pid,
@@ -250,8 +235,17 @@ class JobFlow:
         """The API says this worker no longer holds the job: stop the work, send nothing more for it."""
         self.inflight.pop(entry.id)
         self.hooks.job_finished(entry.queue, "lease_lost", None)
-        child = self.children.get(entry.slot) if entry.slot is not None else None
         log_event(log, WARNING, "lease lost; stopping the job's work", error=str(error), **self.job_fields(entry, now))
+        self.stop_job(entry, "lease_lost", now)
+
+    def stop_job(self, entry: Entry, reason: str, now: float) -> None:
+        """Stop the child running `entry`, if one is (SIGTERM, then SIGKILL after the grace)."""
+        child = self.children.get(entry.slot) if entry.slot is not None else None
         if child is not None and child.job_id == entry.id:
             child.job_id = None
-            stop_child(child, "lease_lost", now, self.cfg.kill_grace)
+            stop_child(child, reason, now, self.cfg.kill_grace)
+
+    def fail_job(self, entry: Entry, error: str, now: float, kind: str = "failed") -> None:
+        """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
+        self.inflight.finish(entry, ("fail", error), now, kind)
+        self.report(entry)

@@ -43,10 +43,12 @@ class ChildPool:
             if child.slot >= self.target and child.state in ("idle", "starting"):
                 stop_child(child, "resize", now, self.cfg.kill_grace, graceful=child.state == "idle")
             elif child.slot >= self.target and child.state == "busy":
-                child.retire = child.retire or "resize"
+                self.retire(child, "resize")
             elif child.retire and child.state == "idle":
                 if child.retire == "reload" and replacing:
                     continue  # one at a time, so capacity drops by one child at most
+                log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.retire,
+                          jobs_done=child.jobs_done, rss=child.rss)
                 stop_child(child, child.retire, now, self.cfg.kill_grace, graceful=True)
                 replacing = True
             elif child.state == "starting" and now - child.started_at > BOOT_TIMEOUT:
@@ -152,12 +154,9 @@ class ChildPool:
         self.forget_child(child)
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
         if entry is not None:
-            error = f"ChildProcessDied: the child process running this job (pid {child.pid}) {cause}"
-            entry.extra["duration"] = now - (entry.started_at or now)
             log_event(log, ERROR, "child died during a job", cause=cause, **self.job_fields(entry, now))
-            self.inflight.finish(entry, ("fail", error))
-            entry.extra["crashed"] = True
-            self.report(entry)
+            self.fail_job(entry, f"ChildProcessDied: the child process running this job (pid {child.pid}) {cause}",
+                          now, "crashed")
         if was_starting:
             failures = self.boot_failures.get(child.slot, 0) + 1
             self.boot_failures[child.slot] = failures
@@ -166,7 +165,7 @@ class ChildPool:
             self.respawn_at[child.slot] = now + delay
             self.next_converge_at = min(self.next_converge_at, self.respawn_at[child.slot])
             self.hooks.child_restarted("boot_failed")
-            if not self.first_child_ready and failures >= 1 and child.boot_error is not None:
+            if not self.first_child_ready and child.boot_error is not None:
                 log_event(log, ERROR, f"cannot import handler {self.cfg.handler}:\n{child.boot_error}")
                 self.exit_code = exitcodes.HANDLER_IMPORT
                 return
@@ -195,23 +194,25 @@ class ChildPool:
             rss = child.read_rss()
             if rss is None or rss <= limit or child.state == "stopping":
                 continue
-            if child.state == "idle":
-                log_event(log, INFO, "child over its memory cap; replacing it", slot=child.slot, pid=child.pid,
-                          rss_mb=rss // 2**20, cap_mb=self.cfg.max_memory_per_child_mb)
-                stop_child(child, "max_memory", now, self.cfg.kill_grace, graceful=True)
-            elif child.state == "busy":
-                child.retire = child.retire or "max_memory"
-                if child.rss_at_breach is None:
-                    child.rss_at_breach = rss
-                elif rss > child.rss_at_breach + growth:
-                    entry = self.inflight.on_child(child.slot)
-                    log_event(log, ERROR, "child keeps growing past its memory cap during a job; stopping it",
-                              slot=child.slot, pid=child.pid, rss_mb=rss // 2**20, job_id=entry.id if entry else None)
-                    child.job_id = None
+            self.retire(child, "max_memory")  # replaced once idle (by converge)
+            if child.state != "busy":
+                continue
+            if child.rss_at_breach is None:
+                child.rss_at_breach = rss
+            elif rss > child.rss_at_breach + growth:
+                entry = self.inflight.on_child(child.slot)
+                log_event(log, ERROR, "child keeps growing past its memory cap during a job; stopping it",
+                          slot=child.slot, pid=child.pid, rss_mb=rss // 2**20, job_id=entry.id if entry else None)
+                if entry is None:
                     stop_child(child, "max_memory", now, self.cfg.kill_grace)
-                    if entry is not None:
-                        entry.extra["duration"] = now - (entry.started_at or now)
-                        self.inflight.finish(entry, ("fail", f"MemoryLimitExceeded: the child process (pid {child.pid}) "
-                                                             f"grew to {rss // 2**20} MiB during this job, over the "
-                                                             f"{self.cfg.max_memory_per_child_mb} MiB cap; it was stopped"))
-                        self.report(entry)
+                    continue
+                self.stop_job(entry, "max_memory", now)
+                self.fail_job(entry, f"MemoryLimitExceeded: the child process (pid {child.pid}) grew to "
+                                     f"{rss // 2**20} MiB during this job, over the {self.cfg.max_memory_per_child_mb} "
+                                     "MiB cap; it was stopped", now)
+
+    def retire(self, child: Child, reason: str) -> None:
+        """Mark `child` for replacement once it is idle; `converge` stops it then."""
+        if not child.retire:
+            child.retire = reason
+            self.pool_changed = True

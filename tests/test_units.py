@@ -53,7 +53,8 @@ def test_inflight_schedule_renewals_and_timeouts():
     table.renewed(entry, sent_at=110.0)
     assert entry.lease_until == 140.0 and entry.renew_at == 120.0
     assert table.next_deadline() == 106.0
-    table.finish(entry, ("complete", {"ok": 1}))
+    table.finish(entry, ("complete", {"ok": 1}), now=103.5)
+    assert entry.kind == "completed" and entry.duration == 2.5
     assert table.on_child(0) is None and table.timed_out(1e9) == []
     assert table.pop("a") is entry and len(table) == 0
 
