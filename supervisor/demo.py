@@ -21,6 +21,7 @@ from datetime import datetime
 
 from supervisor.api import Secret, SpooledAPI
 from supervisor.enqueue import enqueue
+from supervisor.status import fetch as fetch_status
 
 QUEUE = "demo"
 
@@ -127,9 +128,9 @@ def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port:
         now = time.monotonic()
         busy = "?"
         try:
-            status = SpooledAPI(f"http://127.0.0.1:{health_port}", Secret("-" * 10)).get("/status")
+            status = fetch_status(f"http://127.0.0.1:{health_port}/status", timeout=1.0)
             busy = f"{status['busy']}/{status['procs']}"
-        except Exception:
+        except Exception:  # not up yet, or already gone: progress goes on without it
             pass
         elapsed = now - started
         line = f"done {done}/{total}  {done / elapsed if elapsed > 0 else 0:6.1f} jobs/s  busy children {busy}"
