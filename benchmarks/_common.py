@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -26,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from supervisor.api import Secret, SpooledAPI  # noqa: E402
+from supervisor.demo import parse_time  # noqa: E402,F401  (run.py imports it from here)
 
 HANDLER = "benchmarks.handlers:burn"
 
@@ -41,10 +41,6 @@ def child_env(**extra) -> dict:
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(extra)
     return env
-
-
-def parse_time(text: str | None) -> float | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
 
 
 def cpu_seconds(proc: psutil.Process) -> float:

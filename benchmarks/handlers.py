@@ -4,24 +4,17 @@
 time the handler started}; payload {"stamp": 1} returns {"t0": ...} at once; {} is a no-op
 (returns None, so no result is sent).
 
-Why thread CPU time and not `supervisor.demo_handlers.burn` (process CPU time): under the
-SDK's thread pool, process_time() also counts the sibling handler threads, so two threads
-would each stop after about d/2 ms of their own work and the SDK would look twice as fast
-as it is. In a single-threaded child, thread and process CPU time are the same.
+The burn is `supervisor.demo_handlers.burn_cpu`, which counts thread CPU time: under the SDK's
+thread pool, process CPU time would also count the sibling handler threads, so two threads would
+each stop after about d/2 ms of their own work and the SDK would look twice as fast as it is.
+In a single-threaded child, thread and process CPU time are the same.
 """
 
 from __future__ import annotations
 
 import time
 
-
-def burn_ms(ms: float) -> int:
-    end = time.thread_time() + ms / 1000.0
-    acc = 0
-    while time.thread_time() < end:
-        for i in range(500):
-            acc = (acc * 31 + i) % 1_000_003
-    return acc
+from supervisor.demo_handlers import burn_cpu as burn_ms  # noqa: F401  (run.py's Pool runner uses it)
 
 
 def burn(ctx):
