@@ -62,10 +62,6 @@ class LoopHTTP:
             self._resolve()
 
     # ------------------------------------------------------------- interface
-    @property
-    def pending(self) -> int:
-        return len(self.queue) + sum(1 for c in self.conns if c.call is not None)
-
     def submit(self, tag, call: Call, first: bool = False) -> None:
         """Queue a call (`first` puts it ahead of the others) and send it now if a connection is free."""
         now = time.monotonic()
