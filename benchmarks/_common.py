@@ -24,8 +24,8 @@ PY = sys.executable
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from supervisor.api import Secret, SpooledAPI  # noqa: E402
-from supervisor.demo import parse_time  # noqa: E402,F401  (run.py imports it from here)
+from supervisor.client.rest import Secret, SpooledAPI  # noqa: E402
+from supervisor.commands.demo import parse_time  # noqa: E402,F401  (run.py imports it from here)
 
 HANDLER = "benchmarks.handlers:burn"
 

@@ -10,11 +10,11 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "run": ("supervisor.run", "run the supervisor daemon (default)"),
+    "run": ("supervisor.commands.run", "run the supervisor daemon (default)"),
     "dev-server": ("supervisor.devserver.cli", "serve the Spooled REST API from SQLite"),
-    "demo": ("supervisor.demo", "dev server + demo jobs + daemon, with live progress"),
-    "enqueue": ("supervisor.enqueue", "submit jobs to a Spooled API"),
-    "status": ("supervisor.status", "show a running daemon's children from its health port"),
+    "demo": ("supervisor.commands.demo", "dev server + demo jobs + daemon, with live progress"),
+    "enqueue": ("supervisor.commands.enqueue", "submit jobs to a Spooled API"),
+    "status": ("supervisor.commands.status", "show a running daemon's children from its health port"),
 }
 
 USAGE = "usage: python -m supervisor [SUBCOMMAND] [options]\n\nsubcommands:\n" + "".join(

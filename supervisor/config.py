@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from supervisor.api import Secret
+from supervisor.client.rest import Secret
 
 DEFAULT_API_URL = "https://api.spooled.cloud"
 CREDENTIAL_NAME = "spooled-api-key"

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from conftest import ROOT, free_port
-from supervisor.health import HealthServer
-from supervisor.metrics import DaemonMetrics
+from supervisor.ops.health import HealthServer
+from supervisor.ops.metrics import DaemonMetrics
 
 
 def healthy_snapshot() -> dict:

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from supervisor import api, loophttp
-from supervisor.httpconn import parse_response
+from supervisor.client import rest as api
+from supervisor.client import loophttp
+from supervisor.client.httpconn import parse_response
 
 
 def run_until_done(client: loophttp.LoopHTTP, sel: selectors.BaseSelector, wake_r: int, timeout: float = 10.0):

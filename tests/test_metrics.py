@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from supervisor.metrics import (JOB_OUTCOMES, RESTART_REASONS, Counter, DaemonMetrics, Gauge, Histogram,
+from supervisor.ops.metrics import (JOB_OUTCOMES, RESTART_REASONS, Counter, DaemonMetrics, Gauge, Histogram,
                                 Registry)
 
 SAMPLE_RX = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from supervisor.notify import Notifier
+from supervisor.ops.notify import Notifier
 
 
 @pytest.fixture(params=["path", "abstract"])

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from conftest import PY, ROOT, Daemon, free_port, wait_for_status, wait_until
-from supervisor import api
+from supervisor.client import rest as api
 from supervisor.config import ConfigError, load_config
 
 

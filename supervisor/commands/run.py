@@ -7,12 +7,12 @@ import os
 import sys
 
 from supervisor import exitcodes
-from supervisor.api import SpooledAPI
-from supervisor.arbiter import Arbiter
-from supervisor.children import start_forkserver
+from supervisor.client.rest import SpooledAPI
+from supervisor.parent.arbiter import Arbiter
+from supervisor.parent.childproc import start_forkserver
 from supervisor.config import ConfigError, load_config
-from supervisor.hooks import DaemonHooks
-from supervisor.logs import setup_logging
+from supervisor.ops.hooks import DaemonHooks
+from supervisor.ops.logs import setup_logging
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 

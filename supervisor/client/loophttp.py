@@ -20,9 +20,9 @@ import ssl
 import threading
 import time
 
-from supervisor.api import ApiError, Call, SpooledAPI, Unavailable, network_error
-from supervisor.httpconn import build_request, header_block, parse_response
-from supervisor.retry import backoff
+from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
+from supervisor.client.httpconn import build_request, header_block, parse_response
+from supervisor.backoff import backoff
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE

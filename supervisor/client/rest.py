@@ -17,7 +17,7 @@ from urllib.parse import quote, urlsplit
 import orjson
 
 from supervisor import __version__
-from supervisor.httpconn import Connection, StaleConnection
+from supervisor.client.httpconn import Connection, StaleConnection
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -142,7 +142,7 @@ def network_error(exc: BaseException, base_url: str) -> Unavailable:
 
 class SpooledAPI:
     """Builds `Call`s for every route and runs them: `execute` blocks (one kept-alive connection per
-    thread); the parent loop sends the same calls on non-blocking sockets instead (supervisor.loophttp)."""
+    thread); the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None):

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from supervisor.metrics import CONTENT_TYPE, DaemonMetrics
+from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 
 log = logging.getLogger(__name__)
 

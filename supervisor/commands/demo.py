@@ -19,9 +19,9 @@ import tempfile
 import time
 from datetime import datetime
 
-from supervisor.api import Secret, SpooledAPI
-from supervisor.enqueue import enqueue
-from supervisor.status import fetch as fetch_status
+from supervisor.client.rest import Secret, SpooledAPI
+from supervisor.commands.enqueue import enqueue
+from supervisor.commands.status import fetch as fetch_status
 
 QUEUE = "demo"
 

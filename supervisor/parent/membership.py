@@ -13,9 +13,10 @@ from logging import ERROR, INFO, WARNING
 
 import psutil
 
-from supervisor import __version__, api, exitcodes
-from supervisor.logs import log_event
-from supervisor.retry import backoff
+from supervisor import __version__, exitcodes
+from supervisor.client import rest as api
+from supervisor.ops.logs import log_event
+from supervisor.backoff import backoff
 
 log = logging.getLogger("supervisor")
 

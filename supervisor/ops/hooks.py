@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from supervisor.arbiter import NullHooks
-from supervisor.child import set_title
+from supervisor.parent.arbiter import NullHooks
+from supervisor.child.main import set_title
 from supervisor.config import Config
-from supervisor.health import HealthServer
-from supervisor.metrics import DaemonMetrics
-from supervisor.notify import Notifier
+from supervisor.ops.health import HealthServer
+from supervisor.ops.metrics import DaemonMetrics
+from supervisor.ops.notify import Notifier
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long

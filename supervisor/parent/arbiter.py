@@ -21,15 +21,16 @@ from queue import SimpleQueue
 
 import psutil
 
-from supervisor import __version__, api, exitcodes
-from supervisor.children import Child, signal_child, stop_child
+from supervisor import __version__, exitcodes
+from supervisor.client import rest as api
+from supervisor.parent.childproc import Child, signal_child, stop_child
 from supervisor.config import Config
-from supervisor.inflight import InFlight
-from supervisor.jobs import JobFlow
-from supervisor.logs import log_event
-from supervisor.loophttp import LoopHTTP
-from supervisor.membership import Membership
-from supervisor.pool import ChildPool
+from supervisor.parent.inflight import InFlight
+from supervisor.parent.jobs import JobFlow
+from supervisor.ops.logs import log_event
+from supervisor.client.loophttp import LoopHTTP
+from supervisor.parent.membership import Membership
+from supervisor.parent.pool import ChildPool
 
 log = logging.getLogger("supervisor")
 

@@ -17,8 +17,8 @@ import traceback
 
 import orjson
 
-from supervisor import wire
-from supervisor.handler import JobContext, call_handler, load_handler
+from supervisor.child import wire
+from supervisor.child.handler import JobContext, call_handler, load_handler
 
 BOOT_ERROR_EXIT = 3
 ERROR_LIMIT = 2048

@@ -11,10 +11,10 @@ import selectors
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor import exitcodes
-from supervisor.children import Child, death_cause, spawn_child, stop_child
-from supervisor.logs import log_event
-from supervisor.membership import DEGRADED_FOR
-from supervisor.retry import backoff
+from supervisor.parent.childproc import Child, death_cause, spawn_child, stop_child
+from supervisor.ops.logs import log_event
+from supervisor.parent.membership import DEGRADED_FOR
+from supervisor.backoff import backoff
 
 log = logging.getLogger("supervisor")
 

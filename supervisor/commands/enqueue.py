@@ -8,7 +8,7 @@ import sys
 
 import orjson
 
-from supervisor.api import ApiError, SpooledAPI
+from supervisor.client.rest import ApiError, SpooledAPI
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
 

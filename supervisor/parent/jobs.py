@@ -13,12 +13,13 @@ import random
 import signal
 from logging import DEBUG, ERROR, INFO, WARNING
 
-from supervisor import api, exitcodes
-from supervisor.children import Child, signal_child, stop_child
-from supervisor.inflight import Entry
-from supervisor.logs import log_event
-from supervisor.pool import MEMORY_CHECK_EVERY
-from supervisor.retry import backoff
+from supervisor import exitcodes
+from supervisor.client import rest as api
+from supervisor.parent.childproc import Child, signal_child, stop_child
+from supervisor.parent.inflight import Entry
+from supervisor.ops.logs import log_event
+from supervisor.parent.pool import MEMORY_CHECK_EVERY
+from supervisor.backoff import backoff
 
 log = logging.getLogger("supervisor")
 

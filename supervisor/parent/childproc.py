@@ -16,15 +16,15 @@ from multiprocessing import forkserver
 
 import psutil
 
-from supervisor.child import BOOT_ERROR_EXIT, child_main
-from supervisor.wire import Channel
+from supervisor.child.main import BOOT_ERROR_EXIT, child_main
+from supervisor.child.wire import Channel
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 
 
 def start_forkserver() -> None:
     """Start the forkserver now, while the parent is still single-threaded and the key is out of its environment."""
-    _CONTEXT.set_forkserver_preload(["supervisor.child"])
+    _CONTEXT.set_forkserver_preload(["supervisor.child.main"])
     forkserver.ensure_running()
 
 

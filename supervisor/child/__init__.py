@@ -1,0 +1,1 @@
+"""A child process: its main loop, handler loading and the frames it exchanges with the parent."""

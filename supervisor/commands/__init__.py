@@ -1,0 +1,1 @@
+"""The subcommands: run (the daemon), demo, enqueue and status; each exposes main(argv) -> int."""
