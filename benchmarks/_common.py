@@ -7,8 +7,8 @@ here is stopped by its owner (`stop()`), by pid, never by name.
 from __future__ import annotations
 
 import os
-import re
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -107,7 +107,7 @@ class DevServer:
         self.url = ""
         self.key = ""
 
-    def start(self) -> "DevServer":
+    def start(self) -> DevServer:
         env = child_env()
         env.pop("SPOOLED_API_KEY", None)
         cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--db", self.db]
@@ -190,7 +190,7 @@ class Daemon:
                     "--log-format", "json", "--log-level", log_level]
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 60.0) -> "Daemon":
+    def start(self, timeout: float = 60.0) -> Daemon:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=self.server.key),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -242,7 +242,7 @@ class SdkWorker:
         self.server = server
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 30.0) -> "SdkWorker":
+    def start(self, timeout: float = 30.0) -> SdkWorker:
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=self.server.key),
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.out = LinePump(self.proc.stdout)

@@ -34,8 +34,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from benchmarks._common import (ROOT, Daemon, DevServer, SdkWorker, bare_process_memory, cpu_seconds,  # noqa: E402
-                                machine, machine_busy, parse_time, span_of, tree_cpu)
+from benchmarks._common import (  # noqa: E402
+    ROOT,
+    Daemon,
+    DevServer,
+    SdkWorker,
+    bare_process_memory,
+    cpu_seconds,
+    machine,
+    machine_busy,
+    parse_time,
+    span_of,
+    tree_cpu,
+)
 from benchmarks.handlers import burn_ms  # noqa: E402
 
 MIB = 2**20

@@ -94,7 +94,7 @@ class DevServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key: str | None = None
 
-    def start(self) -> "DevServer":
+    def start(self) -> DevServer:
         env = dict(os.environ)
         env.pop("SPOOLED_API_KEY", None)
         env.update(self.env or {})
@@ -170,13 +170,13 @@ class Daemon:
         self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Daemon":
+    def start(self) -> Daemon:
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
         self.out = OutputPump(self.proc.stdout)
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> "Daemon":
+    def wait_ready(self, timeout: float = 20.0) -> Daemon:
         self.out.wait_for(r'"msg":"ready"', timeout)
         return self
 

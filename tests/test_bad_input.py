@@ -6,7 +6,6 @@ for a big payload the handler does expect, its result) and the daemon carries on
 from __future__ import annotations
 
 import pytest
-
 from conftest import Daemon, DevServer, wait_for_status
 
 DONE = ("completed", "failed", "deadletter")

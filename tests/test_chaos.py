@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
 from conftest import ROOT
 
 

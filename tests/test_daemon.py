@@ -8,7 +8,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import Daemon, DevServer, wait_for_status, wait_until
 
 HANDLER = "supervisor.demo_handlers:misbehave"

@@ -12,9 +12,9 @@ import sys
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import ROOT
 from kubernetes_validate.utils import latest_version
 
-from conftest import ROOT
 from supervisor import exitcodes
 
 K8S = ROOT / "deploy" / "k8s"

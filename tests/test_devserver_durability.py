@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import requests
-
 from conftest import ROOT, DevServer, OutputPump
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,6 @@ import time
 
 import pytest
 import requests
-
 from conftest import DevServer, wait_until
 
 pytestmark = pytest.mark.timeout(60)

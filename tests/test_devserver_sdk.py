@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from conftest import DevServer, wait_until
 from spooled import SpooledClient
 from spooled.errors import ConflictError, NotFoundError, QuotaExceededError, ValidationError
-
-from conftest import DevServer, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,12 +31,12 @@ def test_full_lifecycle_register_claim_heartbeat_complete(dev_server):
     assert job.payload == {"to": "a@b.c", "n": 2**60}
     assert (job.retry_count, job.max_retries, job.timeout_seconds) == (0, 3, 300)
     assert job.lease_id.endswith("-" + job.id) and len(job.lease_id) == 36 + 1 + 36
-    assert 25 < (job.lease_expires_at - datetime.now(timezone.utc)).total_seconds() <= 30.5
+    assert 25 < (job.lease_expires_at - datetime.now(UTC)).total_seconds() <= 30.5
 
     c.jobs.heartbeat(job.id, {"worker_id": "w-1", "lease_id": job.lease_id, "lease_duration_secs": 120})
     renewed = c.jobs.get(job.id)
     assert renewed.status == "processing" and renewed.assigned_worker_id == "w-1"
-    assert (renewed.lease_expires_at - datetime.now(timezone.utc)).total_seconds() > 100
+    assert (renewed.lease_expires_at - datetime.now(UTC)).total_seconds() > 100
 
     c.workers.heartbeat("w-1", {"current_jobs": 1, "status": "healthy"})
     done = c.jobs.complete(job.id, {"worker_id": "w-1", "lease_id": job.lease_id, "result": {"sent": True}})

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import requests
-
 from conftest import ROOT, free_port
+
 from supervisor.ops.health import HealthServer
 from supervisor.ops.metrics import DaemonMetrics
 

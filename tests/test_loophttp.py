@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from supervisor.client import rest as api
 from supervisor.client import loophttp
+from supervisor.client import rest as api
 from supervisor.client.httpconn import parse_response
 
 

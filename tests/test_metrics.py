@@ -7,8 +7,7 @@ import threading
 
 import pytest
 
-from supervisor.ops.metrics import (JOB_OUTCOMES, RESTART_REASONS, Counter, DaemonMetrics, Gauge, Histogram,
-                                Registry)
+from supervisor.ops.metrics import JOB_OUTCOMES, RESTART_REASONS, Counter, DaemonMetrics, Gauge, Histogram, Registry
 
 SAMPLE_RX = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)$')
 LABEL_RX = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -8,7 +8,6 @@ import socket
 
 import pytest
 import requests
-
 from conftest import Daemon, free_port, wait_for_status, wait_until
 
 

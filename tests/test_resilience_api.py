@@ -12,7 +12,6 @@ import sqlite3
 import time
 
 import pytest
-
 from conftest import Daemon, DevServer, parse_ts, wait_for_status, wait_until
 
 DONE = ("completed", "failed", "deadletter")

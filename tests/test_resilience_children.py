@@ -13,7 +13,6 @@ from collections import Counter
 
 import psutil
 import pytest
-
 from conftest import Daemon, DevServer, wait_for_status, wait_until
 
 DONE = ("completed", "failed", "deadletter")

@@ -13,8 +13,8 @@ import threading
 import psutil
 import pytest
 import requests
-
 from conftest import PY, ROOT, Daemon, free_port, wait_for_status, wait_until
+
 from supervisor.client import rest as api
 from supervisor.config import ConfigError, load_config
 

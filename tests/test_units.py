@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from supervisor.client import rest as api
 from supervisor.child import wire
 from supervisor.child.main import format_error
-from supervisor.parent.childproc import death_cause, job_quota
+from supervisor.client import rest as api
 from supervisor.config import ConfigError, clean_worker_id, load_config
+from supervisor.parent.childproc import death_cause, job_quota
 from supervisor.parent.inflight import InFlight
 
 ENV = {"SPOOLED_API_KEY": "sp_test_0123456789abcdef"}

@@ -11,8 +11,9 @@ import importlib
 import inspect
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 
 class HandlerSpecError(ValueError):
@@ -26,7 +27,7 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return module, attr
 
 
-def load_handler(spec: str) -> Callable[["JobContext"], Any]:
+def load_handler(spec: str) -> Callable[[JobContext], Any]:
     """Import `module:function` (dotted attributes allowed) and return the callable; raises on failure."""
     module_name, attr = parse_spec(spec)
     obj: Any = importlib.import_module(module_name)
@@ -37,7 +38,7 @@ def load_handler(spec: str) -> Callable[["JobContext"], Any]:
     return obj
 
 
-def call_handler(fn: Callable, ctx: "JobContext") -> Any:
+def call_handler(fn: Callable, ctx: JobContext) -> Any:
     """Run the handler; a coroutine function is run to completion on a fresh event loop."""
     result = fn(ctx)
     if inspect.isawaitable(result):
@@ -74,7 +75,7 @@ class JobContext:
         self.log(f"progress {percent:.0f}%" + (f": {message}" if message else ""), progress=percent)
 
     @classmethod
-    def from_claim(cls, job: dict, worker_id: str) -> "JobContext":
+    def from_claim(cls, job: dict, worker_id: str) -> JobContext:
         return cls(
             job_id=job["id"],
             queue_name=job.get("queue_name", ""),

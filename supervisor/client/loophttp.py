@@ -20,9 +20,9 @@ import ssl
 import threading
 import time
 
-from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
-from supervisor.client.httpconn import build_request, header_block, parse_response
 from supervisor.backoff import backoff
+from supervisor.client.httpconn import build_request, header_block, parse_response
+from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE

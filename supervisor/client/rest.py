@@ -10,8 +10,8 @@ from __future__ import annotations
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import quote, urlsplit
 
 import orjson

@@ -8,11 +8,11 @@ import sys
 
 from supervisor import exitcodes
 from supervisor.client.rest import SpooledAPI
-from supervisor.parent.arbiter import Arbiter
-from supervisor.parent.childproc import start_forkserver
 from supervisor.config import ConfigError, load_config
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import setup_logging
+from supervisor.parent.arbiter import Arbiter
+from supervisor.parent.childproc import start_forkserver
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 

@@ -23,7 +23,7 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="devserver-sweeps", daemon=True)
 
-    def start(self) -> "Sweeper":
+    def start(self) -> Sweeper:
         self._thread.start()
         return self
 

@@ -8,7 +8,7 @@ counts as absent for optional fields.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from .errors import invalid_type, missing_field, validation
 
@@ -29,7 +29,7 @@ def parse_time(field: str, value) -> float:
     except ValueError:
         raise validation(field, "must be an RFC 3339 date-time", "invalid_datetime") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return dt.timestamp()
 
 

@@ -48,7 +48,7 @@ def readiness(snap: dict) -> str | None:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
-    health: "HealthServer"
+    health: HealthServer
 
     def handle_error(self, request, client_address):  # a client hung up: not worth stderr
         log.debug("health endpoint: error serving %s", client_address, exc_info=True)
@@ -129,7 +129,7 @@ class HealthServer:
         """The bound port (meaningful after start())."""
         return self._server.server_address[1] if self._server else self.requested_port
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         """Bind (raises OSError if the port is taken) and serve on a daemon thread."""
         server_class = _Server6 if ":" in self.host else _Server
         self._server = server_class((self.host, self.requested_port), _Handler)

@@ -58,7 +58,7 @@ class Notifier:
         self._last_watchdog: float | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, pid: int | None = None) -> "Notifier":
+    def from_env(cls, environ: Mapping[str, str] | None = None, pid: int | None = None) -> Notifier:
         """Build from `NOTIFY_SOCKET`, `WATCHDOG_USEC` and `WATCHDOG_PID` (default: os.environ, os.getpid())."""
         env = os.environ if environ is None else environ
         pid = os.getpid() if pid is None else pid

@@ -23,12 +23,12 @@ import psutil
 
 from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
-from supervisor.parent.childproc import Child, signal_child, stop_child
+from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
+from supervisor.ops.logs import log_event
+from supervisor.parent.childproc import Child, signal_child, stop_child
 from supervisor.parent.inflight import InFlight
 from supervisor.parent.jobs import JobFlow
-from supervisor.ops.logs import log_event
-from supervisor.client.loophttp import LoopHTTP
 from supervisor.parent.membership import Membership
 from supervisor.parent.pool import ChildPool
 

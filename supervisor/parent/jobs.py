@@ -14,12 +14,12 @@ import signal
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor import exitcodes
+from supervisor.backoff import backoff
 from supervisor.client import rest as api
+from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child, signal_child, stop_child
 from supervisor.parent.inflight import Entry
-from supervisor.ops.logs import log_event
 from supervisor.parent.pool import MEMORY_CHECK_EVERY
-from supervisor.backoff import backoff
 
 log = logging.getLogger("supervisor")
 

@@ -14,9 +14,9 @@ from logging import ERROR, INFO, WARNING
 import psutil
 
 from supervisor import __version__, exitcodes
+from supervisor.backoff import backoff
 from supervisor.client import rest as api
 from supervisor.ops.logs import log_event
-from supervisor.backoff import backoff
 
 log = logging.getLogger("supervisor")
 

@@ -11,10 +11,10 @@ import selectors
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor import exitcodes
-from supervisor.parent.childproc import Child, death_cause, spawn_child, stop_child
-from supervisor.ops.logs import log_event
-from supervisor.parent.membership import DEGRADED_FOR
 from supervisor.backoff import backoff
+from supervisor.ops.logs import log_event
+from supervisor.parent.childproc import Child, death_cause, spawn_child, stop_child
+from supervisor.parent.membership import DEGRADED_FOR
 
 log = logging.getLogger("supervisor")
 
