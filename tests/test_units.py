@@ -13,7 +13,7 @@ from supervisor.child.main import format_error
 from supervisor.client import rest as api
 from supervisor.config import ConfigError, clean_worker_id, load_config
 from supervisor.parent.childproc import death_cause, job_quota
-from supervisor.parent.inflight import InFlight
+from supervisor.parent.inflight import InFlight, Outcome
 
 ENV = {"SPOOLED_API_KEY": "sp_test_0123456789abcdef"}
 
@@ -54,8 +54,8 @@ def test_inflight_schedule_renewals_and_timeouts():
     table.renewed(entry, sent_at=110.0)
     assert entry.lease_until == 140.0 and entry.renew_at == 120.0
     assert table.next_deadline() == 106.0
-    table.finish(entry, ("complete", {"ok": 1}), now=103.5)
-    assert entry.kind == "completed" and entry.duration == 2.5
+    table.finish(entry, Outcome(True, {"ok": 1}, "completed"), now=103.5)
+    assert entry.outcome.label == "completed" and entry.outcome.verb == "complete" and entry.duration == 2.5
     assert table.on_child(0) is None and table.timed_out(1e9) == []
     assert table.pop("a") is entry and len(table) == 0
 

@@ -7,7 +7,7 @@ from supervisor.config import Config
 from supervisor.ops.health import HealthServer
 from supervisor.ops.metrics import DaemonMetrics
 from supervisor.ops.notify import Notifier
-from supervisor.parent.arbiter import NullHooks
+from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long

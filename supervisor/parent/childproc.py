@@ -6,6 +6,7 @@ thread), so none is ever forked from a threaded process. Each has a socketpair `
 
 from __future__ import annotations
 
+import enum
 import multiprocessing
 import os
 import random
@@ -28,25 +29,123 @@ def start_forkserver() -> None:
     forkserver.ensure_running()
 
 
-@dataclass
+class ChildState(enum.Enum):
+    STARTING = "starting"  # importing the handler
+    IDLE = "idle"  # waiting for a job
+    BUSY = "busy"  # running `job_id`
+    STOPPING = "stopping"  # asked to go; reaped when it exits
+
+
+@dataclass(eq=False)
 class Child:
-    slot: int
+    """One child process as the parent sees it. Only these methods change its state."""
+
+    slot: int  # its place in the pool, 0..target-1
     proc: multiprocessing.process.BaseProcess
-    chan: Channel
+    chan: Channel  # the parent's end of its socketpair
     started_at: float
-    job_quota: int = 0  # 0 = no limit
-    state: str = "starting"  # starting -> idle <-> busy; stopping once asked to go
-    job_id: str | None = None
-    jobs_done: int = 0
-    retire: str | None = None  # replace after the current job, for this reason
-    stop_reason: str | None = None
-    kill_at: float | None = None  # SIGKILL at this time if it has not exited
-    rss: int | None = None
-    rss_at_breach: int | None = None
-    boot_error: str | None = None
+    job_quota: int = 0  # replace after this many jobs; 0 = no limit
     pid: int | None = None
-    watching_writes: bool = False
+    state: ChildState = ChildState.STARTING
+    job_id: str | None = None  # the job it runs now
+    jobs_done: int = 0
+    replace_reason: str | None = None  # replace it once idle, for this reason (reload, max_jobs, max_memory, resize)
+    stop_reason: str | None = None  # why it was asked to stop
+    kill_at: float | None = None  # SIGKILL at this time if it has not exited
+    rss: int | None = None  # resident memory at the last check
+    rss_at_breach: int | None = None  # resident memory when it first went over the cap during a job
+    boot_error: str | None = None  # the traceback of a failed handler import
+    watching_writes: bool = False  # the selector watches its socket for writability
     _ps: psutil.Process | None = field(default=None, repr=False)
+
+    # -- state changes --
+    def became_ready(self) -> None:
+        if self.state is ChildState.STARTING:
+            self.state = ChildState.IDLE
+
+    def start_job(self, job: dict) -> bool:
+        """Send `job` to this idle child; False if its socket is gone (the sentinel reports the death)."""
+        try:
+            self.chan.send({"t": "job", "job": job})
+        except OSError:
+            return False
+        self.state, self.job_id = ChildState.BUSY, job["id"]
+        return True
+
+    def finish_job(self) -> None:
+        """The child answered for its job."""
+        self.jobs_done += 1
+        self.job_id = None
+        self.rss_at_breach = None
+        if self.state is ChildState.BUSY:
+            self.state = ChildState.IDLE
+
+    def mark_for_replacement(self, reason: str) -> bool:
+        """Replace this child once it is idle; True if this is news."""
+        if self.replace_reason:
+            return False
+        self.replace_reason = reason
+        return True
+
+    def note_boot_error(self, text: str) -> None:
+        self.boot_error = text
+
+    def note_breach(self, rss: int) -> int:
+        """Remember the RSS at which the child first went over its cap during a job; return it."""
+        if self.rss_at_breach is None:
+            self.rss_at_breach = rss
+        return self.rss_at_breach
+
+    def begin_stop(self, reason: str, now: float, grace: float, graceful: bool = False) -> None:
+        """Ask the child to go: a `stop` frame if `graceful` (it is idle), otherwise SIGTERM; SIGKILL
+        after `grace`. Its job, if any, is no longer its business."""
+        if self.state is ChildState.STOPPING:
+            return
+        self.state = ChildState.STOPPING
+        self.stop_reason = reason
+        self.job_id = None
+        self.kill_at = now + grace
+        if graceful:
+            try:
+                self.chan.send({"t": "stop"})
+                return
+            except OSError:
+                pass
+        signal_child(self, signal.SIGTERM)
+        if grace <= 0:
+            signal_child(self, signal.SIGKILL)
+
+    def write_interest_changed(self) -> bool:
+        """Follow whether a frame is still going out; True when the selector must be told."""
+        if self.chan.wants_write == self.watching_writes:
+            return False
+        self.watching_writes = self.chan.wants_write
+        return True
+
+    def kill_if_due(self, now: float) -> bool:
+        """SIGKILL a child that outlived its grace after SIGTERM; True if it was sent."""
+        if self.kill_at is None or now < self.kill_at:
+            return False
+        signal_child(self, signal.SIGKILL)
+        self.kill_at = None
+        return True
+
+    # -- reading --
+    @property
+    def idle(self) -> bool:
+        return self.state is ChildState.IDLE
+
+    @property
+    def busy(self) -> bool:
+        return self.state is ChildState.BUSY
+
+    @property
+    def starting(self) -> bool:
+        return self.state is ChildState.STARTING
+
+    @property
+    def stopping(self) -> bool:
+        return self.state is ChildState.STOPPING
 
     def ps(self) -> psutil.Process | None:
         if self._ps is None and self.pid:
@@ -93,24 +192,6 @@ def signal_child(child: Child, sig: int) -> None:
             os.kill(child.pid, sig)
     except ProcessLookupError:
         pass
-
-
-def stop_child(child: Child, reason: str, now: float, grace: float, graceful: bool = False) -> None:
-    """Ask a child to go: a `stop` frame if idle and `graceful`, otherwise SIGTERM; SIGKILL after `grace`."""
-    if child.state == "stopping":
-        return
-    child.state = "stopping"
-    child.stop_reason = reason
-    child.kill_at = now + grace
-    if graceful:
-        try:
-            child.chan.send({"t": "stop"})
-            return
-        except OSError:
-            pass
-    signal_child(child, signal.SIGTERM)
-    if grace <= 0:
-        signal_child(child, signal.SIGKILL)
 
 
 def death_cause(exitcode: int | None) -> str:

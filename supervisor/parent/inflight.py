@@ -1,30 +1,46 @@
 """The parent's in-flight table: which job each child runs, its lease, and its deadlines.
 
-Pure bookkeeping on monotonic times; no I/O. A job enters when claimed and leaves when
-its outcome is acknowledged by the API, its lease is found lost, or the daemon gives it back.
+Pure bookkeeping on monotonic times; no I/O. A job enters when claimed and leaves when its
+outcome is acknowledged by the API, its lease is found lost, or the daemon gives it back.
+Only `InFlight`'s methods change an `Entry`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
-@dataclass
+@dataclass(frozen=True)
+class Outcome:
+    """How a job ended: `ok` with `value` the result, or not with `value` the error text. `label` is
+    the metrics outcome: completed, failed, timed_out or crashed."""
+
+    ok: bool
+    value: Any
+    label: str
+
+    @property
+    def verb(self) -> str:
+        return "complete" if self.ok else "fail"
+
+
+@dataclass(eq=False)
 class Entry:
-    job: dict
+    job: dict  # the job as the claim answered it
     claimed_at: float
-    lease_until: float
-    renew_at: float
+    lease_until: float  # when the lease runs out unless renewed
+    renew_at: float  # when to renew it next
     slot: int | None = None  # the child running it; None while waiting for a child or reporting
-    pid: int | None = None
+    pid: int | None = None  # that child's pid
     started_at: float | None = None
-    timeout_at: float | None = None
-    outcome: tuple | None = None  # ("complete", result) or ("fail", error), once known
-    kind: str = "completed"  # the metrics outcome: completed, failed, timed_out or crashed
+    timeout_at: float | None = None  # its timeout_seconds from when a child started it
+    outcome: Outcome | None = None  # once the child is done with it
     duration: float | None = None  # how long the child ran it, once it ended
-    renewing: bool = False
-    reporting: bool = False
+    renewing: bool = False  # a renewal is on the wire
+    reporting: bool = False  # its outcome is on the wire
     report_attempts: int = 0
+    report_due_at: float | None = None  # send the outcome again at this time (after a failed attempt)
 
     @property
     def id(self) -> str:
@@ -50,35 +66,63 @@ class InFlight:
     def __len__(self) -> int:
         return len(self.jobs)
 
+    # -- entering and leaving --
     def add(self, job: dict, now: float) -> Entry:
         entry = Entry(job=job, claimed_at=now, lease_until=now + self.lease_secs, renew_at=now + self.renew_every)
         self.jobs[job["id"]] = entry
         return entry
 
-    def get(self, job_id: str) -> Entry | None:
-        return self.jobs.get(job_id)
+    def get(self, job_id: str | None) -> Entry | None:
+        return self.jobs.get(job_id) if job_id is not None else None
+
+    def holds(self, entry: Entry) -> bool:
+        """`entry` is still the one held for its job (not settled, not replaced by a re-issue)."""
+        return self.jobs.get(entry.id) is entry
 
     def pop(self, job_id: str) -> Entry | None:
         return self.jobs.pop(job_id, None)
 
+    # -- the job's life --
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
 
-    def finish(self, entry: Entry, outcome: tuple, now: float, kind: str = "failed") -> None:
+    def finish(self, entry: Entry, outcome: Outcome, now: float) -> None:
         """The child is done with it (or was stopped): record how and for how long; what is left is
-        telling the API. `kind` labels a failure for the metrics (failed, timed_out, crashed)."""
+        telling the API."""
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
-        entry.kind = "completed" if outcome[0] == "complete" else kind
         if entry.started_at is not None:
             entry.duration = now - entry.started_at
+
+    def replace_outcome(self, entry: Entry, outcome: Outcome) -> None:
+        entry.outcome = outcome
+
+    # -- reports --
+    def begin_report(self, entry: Entry) -> None:
+        entry.reporting, entry.report_due_at = True, None
+        entry.report_attempts += 1
+
+    def report_answered(self, entry: Entry, retry_at: float | None = None) -> None:
+        """The report's answer came (or it failed): send it again at `retry_at` if given."""
+        entry.reporting, entry.report_due_at = False, retry_at
+
+    def reports_due(self, now: float) -> list[Entry]:
+        return [e for e in self.jobs.values() if e.report_due_at is not None and e.report_due_at <= now]
+
+    # -- leases --
+    def begin_renewal(self, entry: Entry) -> None:
+        entry.renewing = True
 
     def renewed(self, entry: Entry, sent_at: float) -> None:
         entry.lease_until = sent_at + self.lease_secs
         entry.renew_at = sent_at + self.renew_every
         entry.renewing = False
 
+    def renewal_failed(self, entry: Entry, retry_at: float) -> None:
+        entry.renewing, entry.renew_at = False, retry_at
+
+    # -- queries --
     def waiting(self) -> list[Entry]:
         """Claimed jobs not yet handed to a child, oldest first."""
         return [e for e in self.jobs.values() if e.slot is None and e.outcome is None]
@@ -98,4 +142,5 @@ class InFlight:
     def next_deadline(self) -> float | None:
         times = [e.renew_at for e in self.jobs.values() if not e.renewing]
         times += [e.timeout_at for e in self.jobs.values() if e.timeout_at is not None and e.outcome is None]
+        times += [e.report_due_at for e in self.jobs.values() if e.report_due_at is not None]
         return min(times) if times else None

@@ -1,228 +1,63 @@
-"""The arbiter's job flow: claim for idle children, hand jobs over, renew leases, enforce timeouts,
-report outcomes, and stop the work whose lease is lost.
+"""The job flow: claim for idle children, hand jobs over, renew leases, enforce timeouts, report
+outcomes, and give up on work whose lease is lost.
 
-A mixin of `Arbiter`, which owns the state (`inflight`, `children`, claim timing, ...); only the
-parent's loop calls these methods. Every API call goes out through `self.submit` and comes back
-through the matching `on_*` method.
+`JobFlow` alone owns the in-flight table and the claim timing. It never touches a child: the
+arbiter tells it which children are idle and what they answered (`job_done`, `child_lost`), and it
+answers with facts (`StopJob` for a child whose job it gave up on, `Fatal` on a 401). Every API
+call goes out through `submit(call, followup)` and comes back to the followup's methods.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import signal
+from collections.abc import Callable
+from functools import partial
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
 from supervisor.client import rest as api
+from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import Child, signal_child, stop_child
-from supervisor.parent.inflight import Entry
-from supervisor.parent.pool import MEMORY_CHECK_EVERY
+from supervisor.parent.childproc import Child
+from supervisor.parent.events import NullHooks
+from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob
+from supervisor.parent.inflight import Entry, InFlight, Outcome
 
 log = logging.getLogger("supervisor")
 
+Submit = Callable[..., None]  # submit(call, followup, first=False)
+
 
 class JobFlow:
-    def child_done(self, child: Child, msg: dict, now: float) -> None:
-        job_id = msg.get("id")
-        child.jobs_done += 1
-        child.job_id = None
-        if child.state == "busy":
-            child.state = "idle"
-        entry = self.inflight.get(job_id)
-        if entry is None or entry.slot != child.slot:
-            log_event(log, DEBUG, "result for a job no longer held; dropped", job_id=job_id, pid=child.pid)
-            entry = None
-        else:
-            outcome = ("complete", msg.get("result")) if msg.get("ok") else ("fail", msg.get("error") or "Job failed")
-            self.inflight.finish(entry, outcome, now)
-        if child.job_quota and child.jobs_done >= child.job_quota:
-            self.retire(child, "max_jobs")
-        if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
-            self.retire(child, "max_memory")
-        if child.retire:
-            self.pool_changed = True  # converge replaces it this turn (a reload: one at a time)
-        self.dispatch_waiting(now)
-        self.next_claim_at = min(self.next_claim_at, now)  # claim again as soon as a child frees up,
-        self.maybe_claim(now)  # and before reporting: the child waits on the claim, the report can wait
-        if entry is not None:
-            if self.claim_inflight:
-                self.reports_after_claim.append(entry)  # so the server answers the claim first
-            else:
-                self.report(entry)
+    def __init__(self, cfg: Config, client: api.SpooledAPI, submit: Submit, hooks: NullHooks):
+        self.cfg = cfg
+        self.api = client  # builds the calls
+        self.submit = submit  # the arbiter's HTTP client
+        self.hooks = hooks
+        self.inflight = InFlight(cfg.lease)  # every job this worker holds
+        self.claim_inflight = False  # a claim is on the wire
+        self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
+        self.held_reports: list[Entry] = []  # outcomes held back while a claim is on the wire
+        self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when a child frees up)
+        self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
+        self.empty_claims = 0  # claims in a row that found fewer jobs than asked
+        self.claim_failures = 0  # claims in a row that failed
 
-    def dispatch_waiting(self, now: float) -> None:
-        waiting = self.inflight.waiting()
-        if not waiting:
-            return
-        for child, entry in zip(self.idle_children(), waiting):
-            try:
-                child.chan.send({"t": "job", "job": entry.job})
-            except OSError:
-                continue  # the sentinel will report the death; the job stays waiting
-            self._watch_writes(child)
-            child.state, child.job_id = "busy", entry.id
-            self.inflight.start(entry, child.slot, child.pid, now)
-            log_event(log, DEBUG, "job started", **self.job_fields(entry, now))
+    # ------------------------------------------------------------ reading
+    def drained(self) -> bool:
+        return not self.inflight.jobs and not self.claim_inflight
 
-    def maybe_claim(self, now: float) -> None:
-        if (not self.registered or self.draining or self.claim_inflight or now < self.next_claim_at
-                or now < self.claim_not_before):
-            return
-        free = len(self.idle_children()) - len(self.inflight.waiting())
-        if free <= 0:
-            return
-        self.claim_inflight = True
-        self.submit(("claim", free, now), self.api.claim_call(self.cfg.queue, self.cfg.worker_id, free, self.cfg.lease),
-                    first=True)
-
-    def on_claim(self, asked: int, sent_at: float, jobs, error, now: float) -> None:
-        self.claim_inflight = False
-        if error is not None:
-            self.claim_failures += 1
-            self.send_held_reports()
-            if isinstance(error, api.Unauthorized):
-                return self.fatal(exitcodes.AUTH, error)
-            wait = backoff(self.claim_failures, 0.2, max(self.cfg.poll_interval, 5.0))
-            if isinstance(error, api.RateLimited) and error.retry_after is not None:
-                wait = max(wait, float(error.retry_after))
-            log_event(log, WARNING if self.claim_failures <= 3 or self.claim_failures % 20 == 0 else DEBUG,
-                      "claim failed", error=str(error), retry_in=round(wait, 2), failures=self.claim_failures)
-            self.claim_not_before = now + wait
-            return
-        self.claim_failures = 0
-        self.claim_not_before = 0.0
-        for job in jobs:
-            if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job.get("lease_id"):
-                log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(job)[:200])
-                continue
-            self.take_claimed(job, sent_at, now)
-        self.hooks.claimed(len(jobs))
-        if len(jobs) < asked:
-            self.empty_claims += 1
-            self.next_claim_at = now + backoff(self.empty_claims, 0.05, self.cfg.poll_interval)
-        else:
-            self.empty_claims = 0
-            self.next_claim_at = now
-        self.dispatch_waiting(now)
-        self.send_held_reports()
-
-    def take_claimed(self, job: dict, sent_at: float, now: float) -> None:
-        """Add a claimed job to the table. The same id again means the server re-issued it (our lease had
-        expired): the old copy's work and answers are void."""
-        old = self.inflight.get(job["id"])
-        if old is not None:
-            self.lease_lost(old, "the server handed this job out again under a new lease", now)
-        self.inflight.add(job, sent_at)
-        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=self.cfg.queue, worker_id=self.cfg.worker_id)
-
-    def send_held_reports(self) -> None:
-        held, self.reports_after_claim = self.reports_after_claim, []
-        for entry in held:
-            if self.inflight.get(entry.id) is entry:
-                self.report(entry)
-
-    def report(self, entry: Entry) -> None:
-        """Tell the API how the job ended (complete or fail), once; retried by on_report."""
-        if entry.reporting:
-            return
-        entry.reporting = True
-        entry.report_attempts += 1
-        kind, value = entry.outcome
-        if kind == "complete":
-            self.submit(("report", entry), self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
-        else:
-            self.submit(("report", entry), self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, value))
-
-    def on_report(self, entry: Entry, error, now: float) -> None:
-        job_id = entry.id
-        if self.inflight.get(job_id) is not entry:
-            return  # settled or void meanwhile (lease lost, handed out again)
-        entry.reporting = False
-        kind, value = entry.outcome
-        fields = self.job_fields(entry, now)
-        if error is None:
-            self.inflight.pop(job_id)
-            self.hooks.job_finished(entry.queue, entry.kind, entry.duration)
-            if kind == "complete":
-                log_event(log, INFO, "job completed", **fields)
-            else:
-                log_event(log, WARNING, "job failed", error=str(value)[:300], **fields)
-            return
-        if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
-            self.inflight.pop(job_id)
-            self.hooks.job_finished(entry.queue, "lease_lost", entry.duration)
-            log_event(log, WARNING, f"{kind} refused: this worker no longer holds the job; outcome dropped",
-                      error=str(error), **fields)
-        elif isinstance(error, api.Unauthorized):
-            self.inflight.pop(job_id)
-            self.fatal(exitcodes.AUTH, error)
-        elif isinstance(error, api.Rejected) and kind == "complete":
-            log_event(log, ERROR, "the API refused the result; failing the job instead", error=str(error), **fields)
-            entry.outcome, entry.kind = ("fail", f"ResultRejected: the API refused this job's result: {error}"), "failed"
-            self.report(entry)
-        elif isinstance(error, api.Rejected):
-            self.inflight.pop(job_id)
-            log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error), **fields)
-        else:
-            wait = backoff(entry.report_attempts, 0.2, 15.0)
-            if isinstance(error, api.RateLimited) and error.retry_after:
-                wait = max(wait, float(error.retry_after))
-            log_event(log, WARNING, f"{kind} not delivered yet; will retry", error=str(error),
-                      retry_in=round(wait, 2), attempts=entry.report_attempts, **fields)
-            self.after(wait, self._retry_report, entry)
-
-    def _retry_report(self, entry: Entry) -> None:
-        if self.inflight.get(entry.id) is entry and entry.outcome is not None:
-            self.report(entry)
-
-    def enforce_deadlines(self, now: float) -> None:
-        for entry in self.inflight.timed_out(now):
-            timeout = entry.job.get("timeout_seconds")
-            log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
-                      **self.job_fields(entry, now))
-            self.stop_job(entry, "timeout", now)
-            self.fail_job(entry, f"JobTimeout: the job ran past its timeout of {timeout} s; its child process "
-                                 f"(pid {entry.pid}) was stopped", now, "timed_out")
-        for child in self.children.values():
-            if child.kill_at is not None and now >= child.kill_at:
-                log_event(log, WARNING, "child ignored SIGTERM; sending SIGKILL", slot=child.slot, pid=child.pid,
-                          reason=child.stop_reason)
-                signal_child(child, signal.SIGKILL)
-                child.kill_at = None
-        for entry in self.inflight.renewals_due(now):
-            entry.renewing = True
-            self.submit(("renew", entry, now), self.api.renew_lease_call(entry.id, self.cfg.worker_id,
-                                                                         entry.lease_id, self.cfg.lease))
-        if now >= self.next_memory_check:
-            self.next_memory_check = now + MEMORY_CHECK_EVERY
-            self.check_memory(now)
-
-    def on_renew(self, entry: Entry, sent_at: float, error, now: float) -> None:
-        if self.inflight.get(entry.id) is not entry:
-            return
-        if error is None:
-            self.inflight.renewed(entry, sent_at)
-            self.hooks.lease_renewed("ok")
-            return
-        entry.renewing = False
-        if entry.outcome is not None and not isinstance(error, api.Unauthorized):
-            # The outcome is on its way (or waiting to be retried): its answer settles the job. A renewal
-            # racing a delivered `complete` meets 'already completed', which is no lost lease.
-            entry.renew_at = now + min(2.0, self.cfg.lease / 10.0)
-            return
-        if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
-            self.hooks.lease_renewed("lost")
-            self.lease_lost(entry, error, now)
-        elif isinstance(error, api.Unauthorized):
-            self.fatal(exitcodes.AUTH, error)
-        else:
-            self.hooks.lease_renewed("error")
-            entry.renew_at = now + min(2.0, self.cfg.lease / 10.0) * random.uniform(0.5, 1.0)
-            log_event(log, WARNING, "lease renewal failed; retrying", error=str(error),
-                      lease_left=round(entry.lease_until - now, 2), **self.job_fields(entry, now))
+    def next_deadline(self, may_claim: bool) -> float | None:
+        """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
+        (when `may_claim`: registered, running, with idle children) the next claim."""
+        times = [t for t in (self.inflight.next_deadline(),) if t is not None]
+        if may_claim and not self.claim_inflight:
+            times.append(max(self.next_claim_at, self.claim_not_before))
+        if self.unsent:
+            times.append(0.0)
+        return min(times) if times else None
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
@@ -232,21 +67,233 @@ class JobFlow:
         return {"job_id": entry.id, "queue": entry.queue, "worker_id": self.cfg.worker_id, "pid": entry.pid,
                 "duration": round(duration, 4)}
 
-    def lease_lost(self, entry: Entry, error, now: float) -> None:
-        """The API says this worker no longer holds the job: stop the work, send nothing more for it."""
+    # ------------------------------------------------------------ what children did
+    def job_done(self, fact: JobDone, now: float) -> list[Fact]:
+        """A child answered for its job: record the outcome; `send_reports` tells the API."""
+        entry = self.inflight.get(fact.job_id)
+        if entry is None or entry.slot != fact.slot:
+            log_event(log, DEBUG, "result for a job no longer held; dropped", job_id=fact.job_id, slot=fact.slot)
+            return []
+        self.inflight.finish(entry, Outcome(fact.ok, fact.value, "completed" if fact.ok else "failed"), now)
+        self.unsent.append(entry)
+        self.next_claim_at = min(self.next_claim_at, now)  # a child is free: claim again at once
+        return []
+
+    def child_lost(self, fact: ChildLost, now: float) -> list[Fact]:
+        """The child on `fact.slot` stopped without answering: fail the job it ran, if any."""
+        entry = self.inflight.on_child(fact.slot)
+        if entry is None:
+            return []
+        if fact.outcome == "crashed":
+            log_event(log, ERROR, "child died during a job", cause=fact.error, **self.job_fields(entry, now))
+        self._fail(entry, fact.error, now, fact.outcome)
+        return []
+
+    def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
+        """Which idle child takes which waiting job, oldest job first."""
+        return list(zip(idle, self.inflight.waiting(), strict=False))
+
+    def started(self, entry: Entry, child: Child, now: float) -> None:
+        self.inflight.start(entry, child.slot, child.pid, now)
+        log_event(log, DEBUG, "job started", **self.job_fields(entry, now))
+
+    # ------------------------------------------------------------ claiming
+    def maybe_claim(self, now: float, idle: int, may_claim: bool) -> None:
+        """Claim one job for each idle child that no waiting job will take, unless a claim is on the
+        wire or a back-off holds."""
+        if not may_claim or self.claim_inflight or now < self.next_claim_at or now < self.claim_not_before:
+            return
+        free = idle - len(self.inflight.waiting())
+        if free <= 0:
+            return
+        self.claim_inflight = True
+        call = self.api.claim_call(self.cfg.queue, self.cfg.worker_id, free, self.cfg.lease)
+        self.submit(call, Followup(partial(self.on_claim, free, now), self.recover_claim), first=True)
+
+    def on_claim(self, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
+        self.claim_inflight = False
+        if error is not None:
+            return self._claim_failed(error, now)
+        self.claim_failures = 0
+        self.claim_not_before = 0.0
+        facts: list[Fact] = []
+        for job in jobs:
+            if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job.get("lease_id"):
+                log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(job)[:200])
+                continue
+            facts += self._take_claimed(job, sent_at, now)
+        self.hooks.claimed(len(jobs))
+        if len(jobs) < asked:
+            self.empty_claims += 1
+            self.next_claim_at = now + backoff(self.empty_claims, 0.05, self.cfg.poll_interval)
+        else:
+            self.empty_claims = 0
+            self.next_claim_at = now
+        self._release_held_reports()
+        return facts
+
+    def recover_claim(self, now: float) -> list[Fact]:
+        self.claim_inflight = False
+        self.claim_not_before = now + 1.0
+        self._release_held_reports()
+        return []
+
+    def _claim_failed(self, error: api.ApiError, now: float) -> list[Fact]:
+        self.claim_failures += 1
+        self._release_held_reports()
+        if isinstance(error, api.Unauthorized):
+            return [Fatal(exitcodes.AUTH, str(error))]
+        wait = backoff(self.claim_failures, 0.2, max(self.cfg.poll_interval, 5.0))
+        if isinstance(error, api.RateLimited) and error.retry_after is not None:
+            wait = max(wait, float(error.retry_after))
+        log_event(log, WARNING if self.claim_failures <= 3 or self.claim_failures % 20 == 0 else DEBUG,
+                  "claim failed", error=str(error), retry_in=round(wait, 2), failures=self.claim_failures)
+        self.claim_not_before = now + wait
+        return []
+
+    def _take_claimed(self, job: dict, sent_at: float, now: float) -> list[Fact]:
+        """Add a claimed job to the table. The same id again means the server re-issued it (our lease had
+        expired): the old copy's work and answers are void."""
+        facts: list[Fact] = []
+        old = self.inflight.get(job["id"])
+        if old is not None:
+            facts = self._lease_lost(old, "the server handed this job out again under a new lease", now)
+        self.inflight.add(job, sent_at)
+        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=self.cfg.queue, worker_id=self.cfg.worker_id)
+        return facts
+
+    # ------------------------------------------------------------ reporting
+    def send_reports(self) -> None:
+        """Send the outcomes recorded since the last call; while a claim is on the wire they wait for its
+        answer, so the server answers the claim a freed child waits on first."""
+        unsent, self.unsent = self.unsent, []
+        for entry in unsent:
+            if self.claim_inflight:
+                self.held_reports.append(entry)
+            else:
+                self._report(entry)
+
+    def _release_held_reports(self) -> None:
+        held, self.held_reports = self.held_reports, []
+        for entry in held:
+            if self.inflight.holds(entry):
+                self._report(entry)
+
+    def _report(self, entry: Entry) -> None:
+        """Tell the API how the job ended (complete or fail), once at a time; retried by on_report."""
+        if entry.reporting or entry.outcome is None:
+            return
+        self.inflight.begin_report(entry)
+        out = entry.outcome
+        if out.ok:
+            call = self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
+        else:
+            call = self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
+        self.submit(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
+
+    def on_report(self, entry: Entry, _result, error, now: float) -> list[Fact]:
+        if not self.inflight.holds(entry) or entry.outcome is None:
+            return []  # settled or void meanwhile (lease lost, handed out again)
+        self.inflight.report_answered(entry)
+        out = entry.outcome
+        fields = self.job_fields(entry, now)
+        if error is None:
+            self.inflight.pop(entry.id)
+            self.hooks.job_finished(entry.queue, out.label, entry.duration)
+            if out.ok:
+                log_event(log, INFO, "job completed", **fields)
+            else:
+                log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
+            return []
+        if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
+            self.inflight.pop(entry.id)
+            self.hooks.job_finished(entry.queue, "lease_lost", entry.duration)
+            log_event(log, WARNING, f"{out.verb} refused: this worker no longer holds the job; outcome dropped",
+                      error=str(error), **fields)
+        elif isinstance(error, api.Unauthorized):
+            self.inflight.pop(entry.id)
+            return [Fatal(exitcodes.AUTH, str(error))]
+        elif isinstance(error, api.Rejected) and out.ok:
+            log_event(log, ERROR, "the API refused the result; failing the job instead", error=str(error), **fields)
+            self.inflight.replace_outcome(entry, Outcome(False, f"ResultRejected: the API refused this job's result: "
+                                                                f"{error}", "failed"))
+            self._report(entry)
+        elif isinstance(error, api.Rejected):
+            self.inflight.pop(entry.id)
+            log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),
+                      **fields)
+        else:
+            wait = backoff(entry.report_attempts, 0.2, 15.0)
+            if isinstance(error, api.RateLimited) and error.retry_after:
+                wait = max(wait, float(error.retry_after))
+            log_event(log, WARNING, f"{out.verb} not delivered yet; will retry", error=str(error),
+                      retry_in=round(wait, 2), attempts=entry.report_attempts, **fields)
+            self.inflight.report_answered(entry, retry_at=now + wait)
+        return []
+
+    def recover_report(self, entry: Entry, now: float) -> list[Fact]:
+        if self.inflight.holds(entry):
+            self.inflight.report_answered(entry, retry_at=now + 1.0)
+        return []
+
+    # ------------------------------------------------------------ deadlines and leases
+    def enforce(self, now: float) -> list[Fact]:
+        """Time out jobs past their timeout_seconds, resend due reports, renew due leases."""
+        facts: list[Fact] = []
+        for entry in self.inflight.timed_out(now):
+            timeout = entry.job.get("timeout_seconds")
+            log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
+                      **self.job_fields(entry, now))
+            if entry.slot is not None:
+                facts.append(StopJob(entry.slot, entry.id, "timeout"))
+            self._fail(entry, f"JobTimeout: the job ran past its timeout of {timeout} s; its child process "
+                              f"(pid {entry.pid}) was stopped", now, "timed_out")
+        for entry in self.inflight.reports_due(now):
+            self._report(entry)
+        for entry in self.inflight.renewals_due(now):
+            self.inflight.begin_renewal(entry)
+            call = self.api.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
+            self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
+        return facts
+
+    def on_renew(self, entry: Entry, sent_at: float, _result, error, now: float) -> list[Fact]:
+        if not self.inflight.holds(entry):
+            return []
+        if error is None:
+            self.inflight.renewed(entry, sent_at)
+            self.hooks.lease_renewed("ok")
+            return []
+        retry = min(2.0, self.cfg.lease / 10.0)
+        if entry.outcome is not None and not isinstance(error, api.Unauthorized):
+            # The outcome is on its way (or waiting to be retried): its answer settles the job. A renewal
+            # racing a delivered `complete` meets 'already completed', which is no lost lease.
+            self.inflight.renewal_failed(entry, now + retry)
+            return []
+        if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
+            self.hooks.lease_renewed("lost")
+            return self._lease_lost(entry, str(error), now)
+        if isinstance(error, api.Unauthorized):
+            self.inflight.renewal_failed(entry, now + retry)
+            return [Fatal(exitcodes.AUTH, str(error))]
+        self.hooks.lease_renewed("error")
+        self.inflight.renewal_failed(entry, now + retry * random.uniform(0.5, 1.0))
+        log_event(log, WARNING, "lease renewal failed; retrying", error=str(error),
+                  lease_left=round(entry.lease_until - now, 2), **self.job_fields(entry, now))
+        return []
+
+    def recover_renew(self, entry: Entry, now: float) -> list[Fact]:
+        self.inflight.renewal_failed(entry, now + 1.0)
+        return []
+
+    def _lease_lost(self, entry: Entry, error: str, now: float) -> list[Fact]:
+        """The API says this worker no longer holds the job: drop it, send nothing more for it, and
+        have its child (if one runs it) stopped."""
         self.inflight.pop(entry.id)
         self.hooks.job_finished(entry.queue, "lease_lost", None)
-        log_event(log, WARNING, "lease lost; stopping the job's work", error=str(error), **self.job_fields(entry, now))
-        self.stop_job(entry, "lease_lost", now)
+        log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
+        return [StopJob(entry.slot, entry.id, "lease_lost")] if entry.slot is not None else []
 
-    def stop_job(self, entry: Entry, reason: str, now: float) -> None:
-        """Stop the child running `entry`, if one is (SIGTERM, then SIGKILL after the grace)."""
-        child = self.children.get(entry.slot) if entry.slot is not None else None
-        if child is not None and child.job_id == entry.id:
-            child.job_id = None
-            stop_child(child, reason, now, self.cfg.kill_grace)
-
-    def fail_job(self, entry: Entry, error: str, now: float, kind: str = "failed") -> None:
+    def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
-        self.inflight.finish(entry, ("fail", error), now, kind)
-        self.report(entry)
+        self.inflight.finish(entry, Outcome(False, error, label), now)
+        self._report(entry)

@@ -1,36 +1,78 @@
-"""The arbiter's membership in Spooled: register once, heartbeat with the process tree's usage,
-and stop on errors the daemon cannot work past.
+"""Membership in Spooled: register once, heartbeat with the process tree's usage, know whether the API
+answers, and say which errors the daemon cannot work past.
 
-A mixin of `Arbiter`, which owns the state; only the parent's loop calls these methods.
+`Membership` alone owns the registration and heartbeat state. The arbiter tells it when to register
+(`register`) and what to report (`heartbeat_due` / `send_heartbeat`); answers come back as facts
+(`Registered`, `Fatal`, `ExitNow`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from logging import ERROR, INFO, WARNING
-
-import psutil
 
 from supervisor import __version__, exitcodes
 from supervisor.backoff import backoff
 from supervisor.client import rest as api
+from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered
+from supervisor.parent.jobs import Submit
 
 log = logging.getLogger("supervisor")
 
-DEGRADED_FOR = 60.0  # report `degraded` this long after a boot failure, or while 3 crashes fall in it
-
 
 class Membership:
-    def register(self) -> None:
-        self.register_attempts += 1
-        metadata = {"procs": self.target, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor"}
-        self.submit(("register",), self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname,
-                                                           self.target, metadata))
+    def __init__(self, cfg: Config, client: api.SpooledAPI, submit: Submit):
+        self.cfg = cfg
+        self.api = client  # builds the calls
+        self.submit = submit  # the arbiter's HTTP client
+        self.registered = False  # the API knows this worker now
+        self.register_inflight = False
+        self.register_at: float | None = None  # (re)register at this time
+        self.register_attempts = 0  # failed registrations in a row
+        self.procs = cfg.procs  # max_concurrency told at registration
+        self.heartbeat_interval = 10.0  # as the API asked at registration
+        self.heartbeat_inflight = False
+        self.next_heartbeat_at = float("inf")
+        self.api_ok_at: float | None = None  # the last time the API answered at all
 
-    def on_register(self, answer, error, now: float) -> None:
+    # ------------------------------------------------------------ reading
+    def next_deadline(self) -> float | None:
+        times = [t for t in (self.register_at,) if t is not None]
+        if self.registered and not self.heartbeat_inflight:
+            times.append(self.next_heartbeat_at)
+        return min(times) if times else None
+
+    def heartbeat_due(self, now: float) -> bool:
+        return self.registered and not self.heartbeat_inflight and now >= self.next_heartbeat_at
+
+    def api_answered(self, now: float) -> None:
+        """Any answer from the API (an error included, but not a network failure): it is reachable."""
+        self.api_ok_at = now
+
+    def heartbeat_soon(self, now: float) -> None:
+        """Send the next heartbeat now (e.g. to say `draining` at once)."""
+        self.next_heartbeat_at = min(self.next_heartbeat_at, now)
+
+    # ------------------------------------------------------------ registering
+    def register(self, procs: int, now: float | None = None) -> None:
+        """Register (again) with `procs` as the worker's concurrency."""
+        if self.register_inflight:
+            return
+        self.procs, self.register_at, self.register_inflight = procs, None, True
+        self.register_attempts += 1
+        metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor"}
+        call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata)
+        self.submit(call, Followup(self.on_register, self.recover_register))
+
+    def register_if_due(self, now: float) -> None:
+        if self.register_at is not None and now >= self.register_at:
+            self.register(self.procs, now)
+
+    def on_register(self, answer, error, now: float) -> list[Fact]:
+        self.register_inflight = False
         if error is None:
             self.registered = True
             self.register_attempts = 0
@@ -39,19 +81,16 @@ class Membership:
             log_event(log, INFO, "registered", worker_id=self.cfg.worker_id, queue=self.cfg.queue,
                       heartbeat_interval=self.heartbeat_interval)
             self.next_heartbeat_at = now + self.heartbeat_interval
-            self.maybe_announce_ready()
-            return
+            return [Registered()]
         if isinstance(error, api.Unauthorized):
-            return self.fatal(exitcodes.AUTH, error)
+            return [Fatal(exitcodes.AUTH, str(error))]
         if isinstance(error, api.Conflict):
             log_event(log, ERROR, f"worker id {self.cfg.worker_id!r} belongs to another organization; choose "
                                   "another --worker-id", error=str(error))
-            self.exit_code = exitcodes.WORKER_ID_CONFLICT
-            return
+            return [ExitNow(exitcodes.WORKER_ID_CONFLICT)]
         if isinstance(error, api.Rejected):
             log_event(log, ERROR, "registration refused; fix the configuration", error=str(error))
-            self.exit_code = exitcodes.CONFIG
-            return
+            return [ExitNow(exitcodes.CONFIG)]
         wait = backoff(self.register_attempts, 1.0, 60.0)
         if isinstance(error, api.QuotaExceeded):
             log_event(log, WARNING, "worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after "
@@ -60,67 +99,53 @@ class Membership:
             if isinstance(error, api.RateLimited) and error.retry_after:
                 wait = max(wait, float(error.retry_after))
             log_event(log, WARNING, "registration failed; retrying", error=str(error), retry_in=round(wait, 1))
-        if not self.draining:
-            self.after(wait, self.register)
-        else:
-            self.finish(self.drain_code)
+        self.register_at = now + wait
+        return []
 
-    def worker_status(self) -> str:
-        """`draining`, `degraded` while children are crash-looping, else `healthy`."""
-        if self.draining:
-            return "draining"
-        now = time.monotonic()
-        crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
-        if (self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3:
-            return "degraded"
-        return "healthy"
+    def recover_register(self, now: float) -> list[Fact]:
+        self.register_inflight = False
+        if not self.registered:
+            self.register_at = now + 5.0
+        return []
 
-    def send_heartbeat(self, now: float) -> None:
-        """Send the worker heartbeat when it is due; one at a time, on the interval the API gave."""
-        if not self.registered or self.heartbeat_inflight or now < self.next_heartbeat_at:
-            return
+    def give_up_registering(self) -> None:
+        """Draining: a registration that failed is not retried."""
+        self.register_at = None
+
+    def deregistered(self) -> None:
+        self.registered = False
+        self.register_at = None
+
+    # ------------------------------------------------------------ heartbeats
+    def send_heartbeat(self, now: float, current_jobs: int, status: str, metadata: dict,
+                       cpu: float, mem: float) -> None:
+        """Send the worker heartbeat; one at a time, on the interval the API gave."""
         self.heartbeat_inflight = True
         self.next_heartbeat_at = now + self.heartbeat_interval
-        cpu, mem = self.tree_usage()
-        busy = sum(1 for c in self.children.values() if c.state == "busy")
-        metadata = {"procs": self.target, "busy": busy, "children": len(self.children), "pid": os.getpid(),
-                    "version": __version__, "cpu_percent": cpu, "memory_percent": mem}
-        self.submit(("heartbeat",), self.api.heartbeat_call(self.cfg.worker_id, len(self.inflight),
-                                                             self.worker_status(), metadata, cpu, mem))
+        call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
+        self.submit(call, Followup(self.on_heartbeat, self.recover_heartbeat))
 
-    def on_heartbeat(self, error, now: float) -> None:
+    def on_heartbeat(self, _result, error, now: float) -> list[Fact]:
         self.heartbeat_inflight = False
-        if error is None or self.exit_code is not None:
-            return
+        if error is None:
+            return []
         if isinstance(error, api.Rejected) and error.status == 404:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
             self.registered = False
             self.next_heartbeat_at = float("inf")
-            self.register()
+            self.register(self.procs, now)
         elif isinstance(error, api.Unauthorized):
-            self.fatal(exitcodes.AUTH, error)
+            return [Fatal(exitcodes.AUTH, str(error))]
         else:
             self.next_heartbeat_at = min(self.next_heartbeat_at, now + min(self.heartbeat_interval, 2.0))
             log_event(log, WARNING, "heartbeat failed", error=str(error))
+        return []
 
-    def tree_usage(self) -> tuple[float, float]:
-        """CPU percent (of one core, summed) and memory percent of the parent and its children."""
-        cpu = mem = 0.0
-        procs = [self._ps_self] + [p for p in (c.ps() for c in self.children.values()) if p is not None]
-        for proc in procs:
-            try:
-                cpu += proc.cpu_percent(None)
-                mem += proc.memory_percent()
-            except psutil.Error:
-                pass
-        return round(cpu, 1), round(mem, 2)
+    def recover_heartbeat(self, now: float) -> list[Fact]:
+        self.heartbeat_inflight = False
+        return []
 
-    def fatal(self, code: int, error) -> None:
-        """An error the daemon cannot work past (401): stop claiming, deliver what is in flight, exit `code`."""
-        log_event(log, ERROR, f"stopping: {exitcodes.NAMES.get(code, code)}", error=str(error))
-        if not self.registered:
-            self.exit_code = code
-        elif self.draining:
-            self.drain_code = code
-        else:
-            self.begin_drain(time.monotonic(), code)
+    def heartbeat_metadata(self, procs: int, busy: int, children: int, cpu: float, mem: float) -> dict:
+        return {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
+                "cpu_percent": cpu, "memory_percent": mem}
+

@@ -1,181 +1,201 @@
-"""The arbiter's child pool: start children, read their frames, reap the dead, converge to the target.
+"""The child pool: start children, read their frames, reap the dead, converge to the target size.
 
-A mixin of `Arbiter`, which owns the state (`children`, `target`, `respawn_at`, `boot_failures`, ...);
-only the parent's loop calls these methods.
+`ChildPool` alone owns the children and every fact about them (target size, respawn back-off,
+boot failures, restarts, recycling, memory checks). It knows nothing of jobs or the API: what
+happens to a child comes back to the arbiter as facts (`ChildReady`, `JobDone`, `ChildLost`).
 """
 
 from __future__ import annotations
 
 import logging
 import selectors
+import signal
+import time
 from logging import DEBUG, ERROR, INFO, WARNING
 
-from supervisor import exitcodes
 from supervisor.backoff import backoff
+from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import Child, death_cause, spawn_child, stop_child
-from supervisor.parent.membership import DEGRADED_FOR
+from supervisor.parent.childproc import Child, death_cause, signal_child, spawn_child
+from supervisor.parent.events import NullHooks
+from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
 
 log = logging.getLogger("supervisor")
 
 BOOT_TIMEOUT = 60.0  # a child that is not ready by then is killed and counted as a boot failure
 MEMORY_CHECK_EVERY = 1.0
+CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a replacement changes the pool
+DEGRADED_FOR = 60.0  # `degraded` this long after a boot failure, or while 3 crashes fall in it
+MAX_PROCS = 1000
+EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload")
+
+
+class HandlerImportFailed(Exception):
+    """The first child could not import the handler: nothing will ever run; carries the traceback."""
 
 
 class ChildPool:
+    def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks):
+        self.cfg = cfg
+        self.sel = sel  # the arbiter's selector: children's sockets and sentinels are watched there
+        self.hooks = hooks
+        self.children: dict[int, Child] = {}  # slot -> the live child in it
+        self.target: int = cfg.procs  # how many children we want
+        self.respawn_at: dict[int, float] = {}  # slot -> earliest restart after a failed start
+        self.boot_failures: dict[int, int] = {}  # slot -> failed starts in a row
+        self.restarts: dict[int, int] = {}  # slot -> children replaced there so far
+        self.last_boot_failure = -1e9
+        self.recent_crashes: list[float] = []  # when children crashed, the last DEGRADED_FOR seconds
+        self.any_ready = False  # some child has imported the handler
+        self.changed = True  # something happened that converge must look at
+        self.next_converge_at = 0.0
+        self.next_memory_check = 0.0
+
+    # ------------------------------------------------------------ reading
     def idle_children(self) -> list[Child]:
         """Children that may take a job now (one due for a reload still works until its turn comes)."""
-        return [c for c in self.children.values() if c.state == "idle" and c.retire in (None, "reload")]
+        return [c for c in self.children.values() if c.idle and c.replace_reason in (None, "reload")]
 
-    def converge(self, now: float) -> None:
-        """Make the children match the target: respawn empty slots, retire extra and due ones."""
+    def busy_count(self) -> int:
+        return sum(1 for c in self.children.values() if c.busy)
+
+    def all_up(self) -> bool:
+        """Every slot has a child and none is still starting."""
+        return len(self.children) >= self.target and not any(c.starting for c in self.children.values())
+
+    def degraded(self, now: float) -> bool:
+        """Children are crash-looping: a boot failure lately, or 3 crashes within DEGRADED_FOR."""
+        crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
+        return bool(self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3
+
+    def next_deadline(self, now: float) -> float | None:
+        times = [c.kill_at for c in self.children.values() if c.kill_at is not None]
+        times += [max(t, self.next_converge_at) for slot, t in self.respawn_at.items()
+                  if slot not in self.children and slot < self.target]
+        if self.changed:
+            times.append(now)
+        return min(times) if times else None
+
+    # ------------------------------------------------------------ changes asked from outside
+    def resize(self, delta: int) -> int:
+        """Grow or shrink the target by `delta` (kept within 1..MAX_PROCS); return the new target."""
+        self.target = max(1, min(MAX_PROCS, self.target + delta))
+        self.changed = True
+        return self.target
+
+    def replace_all(self, reason: str) -> None:
+        """Replace every child once it is idle (a reload: one at a time, see converge)."""
+        for child in self.children.values():
+            self.replace(child, reason)
+        self.changed = True
+
+    def replace(self, child: Child, reason: str) -> None:
+        if child.mark_for_replacement(reason):
+            self.changed = True
+
+    def give_job(self, child: Child, job: dict) -> bool:
+        """Hand `job` to an idle child; False if it could not take it."""
+        if not child.start_job(job):
+            return False
+        self._watch_writes(child)
+        return True
+
+    def stop_job_child(self, slot: int, job_id: str, reason: str, now: float) -> None:
+        """Stop the child on `slot` if it still runs `job_id` (SIGTERM, then SIGKILL after the grace)."""
+        child = self.children.get(slot)
+        if child is not None and child.job_id == job_id:
+            child.begin_stop(reason, now, self.cfg.kill_grace)
+            self.changed = True
+
+    # ------------------------------------------------------------ the loop's turns
+    def converge(self, now: float, stopping_for_good: bool) -> None:
+        """Make the children match the target: respawn empty slots, stop extra and due ones."""
+        if not self.changed and now < self.next_converge_at:
+            return
+        self.changed, self.next_converge_at = False, now + CONVERGE_EVERY
         for slot in [s for s in self.respawn_at if s >= self.target]:
             del self.respawn_at[slot]  # resized away: nothing to respawn there
             self.boot_failures.pop(slot, None)
         for slot in range(self.target):
-            if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not self.stopping_for_good():
-                self.start_child(slot, now)
+            if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not stopping_for_good:
+                self._start_child(slot, now)
         # A reload replaces one child at a time, and waits while a new child is starting, one is being
         # stopped, or a slot is backing off after a failed start (new code that does not import).
         replacing = bool(self.boot_failures) or any(
-            c.state == "starting" or (c.state == "stopping" and c.stop_reason == "reload") for c in self.children.values())
+            c.starting or (c.stopping and c.stop_reason == "reload") for c in self.children.values())
         for child in list(self.children.values()):
-            if child.slot >= self.target and child.state in ("idle", "starting"):
-                stop_child(child, "resize", now, self.cfg.kill_grace, graceful=child.state == "idle")
-            elif child.slot >= self.target and child.state == "busy":
-                self.retire(child, "resize")
-            elif child.retire and child.state == "idle":
-                if child.retire == "reload" and replacing:
+            if child.slot >= self.target and (child.idle or child.starting):
+                child.begin_stop("resize", now, self.cfg.kill_grace, graceful=child.idle)
+            elif child.slot >= self.target and child.busy:
+                self.replace(child, "resize")
+            elif child.replace_reason and child.idle:
+                if child.replace_reason == "reload" and replacing:
                     continue  # one at a time, so capacity drops by one child at most
-                log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.retire,
+                log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.replace_reason,
                           jobs_done=child.jobs_done, rss=child.rss)
-                stop_child(child, child.retire, now, self.cfg.kill_grace, graceful=True)
+                child.begin_stop(child.replace_reason, now, self.cfg.kill_grace, graceful=True)
                 replacing = True
-            elif child.state == "starting" and now - child.started_at > BOOT_TIMEOUT:
+            elif child.starting and now - child.started_at > BOOT_TIMEOUT:
                 log_event(log, ERROR, "child did not become ready in time; killing it", slot=child.slot, pid=child.pid)
-                stop_child(child, "boot_failed", now, 0.0)
+                child.begin_stop("boot_failed", now, 0.0)
 
-    def stopping_for_good(self) -> bool:
-        return self.exit_code is not None or (self.draining and not self.inflight.jobs)
+    def enforce(self, now: float) -> list[Fact]:
+        """SIGKILL children past their grace; every MEMORY_CHECK_EVERY, read RSS and apply the cap."""
+        for child in self.children.values():
+            if child.kill_if_due(now):
+                log_event(log, WARNING, "child ignored SIGTERM; sending SIGKILL", slot=child.slot, pid=child.pid,
+                          reason=child.stop_reason)
+        if now < self.next_memory_check:
+            return []
+        self.next_memory_check = now + MEMORY_CHECK_EVERY
+        return self._check_memory(now)
 
-    def start_child(self, slot: int, now: float) -> None:
+    def read(self, child: Child, now: float) -> list[Fact]:
+        """Read what the child sent: `ready`, `done` and `boot_error` frames, as facts."""
         try:
-            child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
-                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
-        except OSError as exc:
-            log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc))
-            self.respawn_at[slot] = now + backoff(self.boot_failures.get(slot, 0) + 1, 0.5, 30.0)
-            self.next_converge_at = min(self.next_converge_at, self.respawn_at[slot])
-            return
-        self.children[slot] = child
-        self.sel.register(child.chan.sock, selectors.EVENT_READ, ("chan", child))
-        self.sel.register(child.proc.sentinel, selectors.EVENT_READ, ("sentinel", child))
-        log_event(log, DEBUG, "child started", slot=slot, pid=child.pid)
+            messages = child.chan.receive()
+        except (EOFError, OSError):
+            self._unwatch(child.chan.sock)
+            return []
+        facts: list[Fact] = []
+        for msg in messages:
+            kind = msg.get("t")
+            if kind == "ready":
+                facts.append(self._ready(child))
+            elif kind == "done":
+                facts.append(self._done(child, msg))
+            elif kind == "boot_error":
+                child.note_boot_error(msg.get("error") or "")
+        return facts
 
-    def forget_child(self, child: Child) -> None:
-        self.pool_changed = True
-        if self.children.get(child.slot) is child:
-            del self.children[child.slot]
-        for fileobj in (child.chan.sock, child.proc.sentinel):
-            try:
-                self.sel.unregister(fileobj)
-            except (KeyError, ValueError):
-                pass
-        child.chan.close()
-        try:
-            child.proc.close()
-        except ValueError:
-            pass
-
-    def flush_child(self, child: Child) -> None:
+    def flush(self, child: Child) -> None:
         try:
             child.chan.flush()
         except OSError:
             return  # the sentinel will tell us it died
         self._watch_writes(child)
 
-    def _watch_writes(self, child: Child) -> None:
-        """Watch the child's socket for writability only while a frame is still going out."""
-        if child.chan.wants_write == child.watching_writes:
-            return
-        child.watching_writes = child.chan.wants_write
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if child.watching_writes else 0)
-        try:
-            self.sel.modify(child.chan.sock, events, ("chan", child))
-        except (KeyError, ValueError):
-            pass
-
-    def read_child(self, child: Child, now: float) -> None:
-        try:
-            messages = child.chan.receive()
-        except (EOFError, OSError):
-            try:
-                self.sel.unregister(child.chan.sock)
-            except (KeyError, ValueError):
-                pass
-            return
-        for msg in messages:
-            kind = msg.get("t")
-            if kind == "ready":
-                self.child_ready(child, now)
-            elif kind == "done":
-                self.child_done(child, msg, now)
-            elif kind == "boot_error":
-                child.boot_error = msg.get("error") or ""
-
-    def child_ready(self, child: Child, now: float) -> None:
-        self.pool_changed = True
-        child.state = "idle" if child.state == "starting" else child.state
-        self.boot_failures.pop(child.slot, None)
-        if not self.first_child_ready:
-            self.first_child_ready = True
-            self.register()
-        self.maybe_announce_ready()
-
-    def maybe_announce_ready(self) -> None:
-        if self.announced_ready or not self.registered:
-            return
-        if all(c.state != "starting" for c in self.children.values()) and len(self.children) >= self.target:
-            self.announced_ready = True
-            log_event(log, INFO, "ready", worker_id=self.cfg.worker_id, children=len(self.children))
-            self.hooks.ready(self.status_line())
-
-    def reap_child(self, child: Child, now: float) -> None:
-        """The child has exited: read what it left in the pipe, fail its job if it had one, plan a respawn."""
+    def reap(self, child: Child, now: float) -> list[Fact]:
+        """The child has exited: read what it left in the pipe, plan a respawn, and say what became of
+        its job (`ChildLost`). Raises HandlerImportFailed if the first child could not import the handler."""
         if self.children.get(child.slot) is not child:
-            return  # already handled
-        self.read_child(child, now)  # drain the pipe first: a result sent just before dying still counts
+            return []  # already handled
+        facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
         child.proc.join(0)
-        code = child.proc.exitcode
-        cause = death_cause(code)
-        entry = self.inflight.on_child(child.slot)
-        was_starting = child.state == "starting" or child.stop_reason == "boot_failed"
-        expected = child.state == "stopping" and child.stop_reason in ("shutdown", "resize", "max_jobs", "max_memory", "reload")
-        self.forget_child(child)
+        cause = death_cause(child.proc.exitcode)
+        was_starting = child.starting or child.stop_reason == "boot_failed"
+        self._forget(child)
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
-        if entry is not None:
-            log_event(log, ERROR, "child died during a job", cause=cause, **self.job_fields(entry, now))
-            self.fail_job(entry, f"ChildProcessDied: the child process running this job (pid {child.pid}) {cause}",
-                          now, "crashed")
+        facts.append(ChildLost(child.slot, f"ChildProcessDied: the child process running this job (pid {child.pid}) "
+                                           f"{cause}", "crashed"))
         if was_starting:
-            failures = self.boot_failures.get(child.slot, 0) + 1
-            self.boot_failures[child.slot] = failures
-            self.last_boot_failure = now
-            delay = backoff(failures, 0.5, 30.0)
-            self.respawn_at[child.slot] = now + delay
-            self.next_converge_at = min(self.next_converge_at, self.respawn_at[child.slot])
-            self.hooks.child_restarted("boot_failed")
-            if not self.first_child_ready and child.boot_error is not None:
-                log_event(log, ERROR, f"cannot import handler {self.cfg.handler}:\n{child.boot_error}")
-                self.exit_code = exitcodes.HANDLER_IMPORT
-                return
-            log_event(log, ERROR, "child failed while starting; backing off", slot=child.slot, pid=child.pid,
-                      cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
-        elif expected:
+            self._boot_failed(child, cause, now)
+        elif child.stopping and child.stop_reason in EXPECTED_STOPS:
             self.respawn_at.pop(child.slot, None)
             if child.stop_reason != "shutdown":
                 self.hooks.child_restarted(child.stop_reason)
-            log_event(log, DEBUG, "child stopped", slot=child.slot, pid=child.pid, reason=child.stop_reason, cause=cause)
+            log_event(log, DEBUG, "child stopped", slot=child.slot, pid=child.pid, reason=child.stop_reason,
+                      cause=cause)
         else:
             reason = child.stop_reason or "crashed"
             if reason == "crashed":
@@ -185,34 +205,116 @@ class ChildPool:
             level = INFO if child.stop_reason in ("timeout", "lease_lost") else WARNING
             log_event(log, level, "child exited; starting a new one", slot=child.slot, pid=child.pid, cause=cause,
                       reason=reason)
+        return facts
 
-    def check_memory(self, now: float) -> None:
-        """Read every child's RSS; enforce --max-memory-per-child when set."""
-        limit = self.cfg.max_memory_per_child_mb * 2**20 or float("inf")
-        growth = max(self.cfg.max_memory_per_child_mb * 2**20 // 10, 16 * 2**20)
+    def kill_all(self) -> None:
+        for child in list(self.children.values()):
+            signal_child(child, signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        """Ask every child to stop, SIGKILL what is left after the grace period, and reap them all. Blocks
+        for at most the kill grace (plus 2 s for a SIGKILLed child to be reaped)."""
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            child.begin_stop("shutdown", now, self.cfg.kill_grace, graceful=child.idle)
+        deadline = now + self.cfg.kill_grace
+        for child in list(self.children.values()):
+            child.proc.join(max(0.0, deadline - time.monotonic()))
+            if child.proc.exitcode is None:
+                signal_child(child, signal.SIGKILL)
+                child.proc.join(2.0)
+            self._forget(child)
+
+    # ------------------------------------------------------------ inside
+    def _ready(self, child: Child) -> ChildReady:
+        child.became_ready()
+        self.boot_failures.pop(child.slot, None)
+        self.changed = True
+        first, self.any_ready = not self.any_ready, True
+        return ChildReady(child.slot, first)
+
+    def _done(self, child: Child, msg: dict) -> JobDone:
+        child.finish_job()
+        if child.job_quota and child.jobs_done >= child.job_quota:
+            self.replace(child, "max_jobs")
+        if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
+            self.replace(child, "max_memory")
+        ok = bool(msg.get("ok"))
+        value = msg.get("result") if ok else (msg.get("error") or "Job failed")
+        return JobDone(child.slot, msg.get("id") or "", ok, value)
+
+    def _boot_failed(self, child: Child, cause: str, now: float) -> None:
+        failures = self.boot_failures.get(child.slot, 0) + 1
+        self.boot_failures[child.slot] = failures
+        self.last_boot_failure = now
+        delay = backoff(failures, 0.5, 30.0)
+        self.respawn_at[child.slot] = now + delay
+        self.hooks.child_restarted("boot_failed")
+        if not self.any_ready and child.boot_error is not None:
+            raise HandlerImportFailed(child.boot_error)
+        log_event(log, ERROR, "child failed while starting; backing off", slot=child.slot, pid=child.pid,
+                  cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
+
+    def _check_memory(self, now: float) -> list[Fact]:
+        """Enforce --max-memory-per-child: replace a child over the cap after its job, or stop it and
+        fail the job when it keeps growing during one (by more than 10% of the cap or 16 MiB)."""
+        cap_mb = self.cfg.max_memory_per_child_mb
+        limit = cap_mb * 2**20 or float("inf")
+        growth = max(cap_mb * 2**20 // 10, 16 * 2**20)
+        facts: list[Fact] = []
         for child in list(self.children.values()):
             rss = child.read_rss()
-            if rss is None or rss <= limit or child.state == "stopping":
+            if rss is None or rss <= limit or child.stopping:
                 continue
-            self.retire(child, "max_memory")  # replaced once idle (by converge)
-            if child.state != "busy":
+            self.replace(child, "max_memory")  # replaced once idle (by converge)
+            if not child.busy or rss <= child.note_breach(rss) + growth:
                 continue
-            if child.rss_at_breach is None:
-                child.rss_at_breach = rss
-            elif rss > child.rss_at_breach + growth:
-                entry = self.inflight.on_child(child.slot)
-                log_event(log, ERROR, "child keeps growing past its memory cap during a job; stopping it",
-                          slot=child.slot, pid=child.pid, rss_mb=rss // 2**20, job_id=entry.id if entry else None)
-                if entry is None:
-                    stop_child(child, "max_memory", now, self.cfg.kill_grace)
-                    continue
-                self.stop_job(entry, "max_memory", now)
-                self.fail_job(entry, f"MemoryLimitExceeded: the child process (pid {child.pid}) grew to "
-                                     f"{rss // 2**20} MiB during this job, over the {self.cfg.max_memory_per_child_mb} "
-                                     "MiB cap; it was stopped", now)
+            log_event(log, ERROR, "child keeps growing past its memory cap during a job; stopping it",
+                      slot=child.slot, pid=child.pid, rss_mb=rss // 2**20, job_id=child.job_id)
+            child.begin_stop("max_memory", now, self.cfg.kill_grace)
+            self.changed = True
+            facts.append(ChildLost(child.slot, f"MemoryLimitExceeded: the child process (pid {child.pid}) grew to "
+                                               f"{rss // 2**20} MiB during this job, over the {cap_mb} MiB cap; "
+                                               "it was stopped", "failed"))
+        return facts
 
-    def retire(self, child: Child, reason: str) -> None:
-        """Mark `child` for replacement once it is idle; `converge` stops it then."""
-        if not child.retire:
-            child.retire = reason
-            self.pool_changed = True
+    def _start_child(self, slot: int, now: float) -> None:
+        try:
+            child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
+                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
+        except OSError as exc:
+            log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc))
+            self.respawn_at[slot] = now + backoff(self.boot_failures.get(slot, 0) + 1, 0.5, 30.0)
+            return
+        self.children[slot] = child
+        self.sel.register(child.chan.sock, selectors.EVENT_READ, ("chan", child))
+        self.sel.register(child.proc.sentinel, selectors.EVENT_READ, ("sentinel", child))
+        log_event(log, DEBUG, "child started", slot=slot, pid=child.pid)
+
+    def _forget(self, child: Child) -> None:
+        self.changed = True
+        if self.children.get(child.slot) is child:
+            del self.children[child.slot]
+        self._unwatch(child.chan.sock)
+        self._unwatch(child.proc.sentinel)
+        child.chan.close()
+        try:
+            child.proc.close()
+        except ValueError:
+            pass
+
+    def _unwatch(self, fileobj) -> None:
+        try:
+            self.sel.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
+
+    def _watch_writes(self, child: Child) -> None:
+        """Watch the child's socket for writability only while a frame is still going out."""
+        if not child.write_interest_changed():
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if child.watching_writes else 0)
+        try:
+            self.sel.modify(child.chan.sock, events, ("chan", child))
+        except (KeyError, ValueError):
+            pass

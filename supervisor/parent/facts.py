@@ -1,0 +1,83 @@
+"""What the parent's parts tell the arbiter, and what an API call carries back.
+
+Parts never call each other: a method of the pool, the job flow or membership returns a list of
+these facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from supervisor.client.rest import ApiError
+
+
+@dataclass(frozen=True)
+class JobDone:
+    """A child answered for its job: `ok` with `value` the result, else `value` the error text."""
+
+    slot: int
+    job_id: str
+    ok: bool
+    value: Any
+
+
+@dataclass(frozen=True)
+class ChildReady:
+    """A child imported the handler and waits for work; `first` when it is the daemon's first."""
+
+    slot: int
+    first: bool
+
+
+@dataclass(frozen=True)
+class ChildLost:
+    """A child stopped without answering for its job (it died, or the pool stopped it):
+    whatever job ran on `slot` fails with `error`, labelled `outcome` in the metrics."""
+
+    slot: int
+    error: str
+    outcome: str
+
+
+@dataclass(frozen=True)
+class StopJob:
+    """The job flow gave up on `job_id` (timeout, lost lease): stop the child running it."""
+
+    slot: int
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """An error the daemon cannot work past: stop claiming, deliver what is in flight, exit `code`."""
+
+    code: int
+    error: str
+
+
+@dataclass(frozen=True)
+class ExitNow:
+    """Stop at once with `code` (registration refused, handler cannot be imported)."""
+
+    code: int
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The API accepted the registration."""
+
+
+Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered
+
+
+@dataclass(frozen=True)
+class Followup:
+    """What an API call does with its answer. `answer(result, error, now)` returns facts; if it
+    raises (a bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the
+    call held, so nothing waits on it for ever."""
+
+    answer: Callable[[Any, ApiError | None, float], list[Fact]]
+    recover: Callable[[float], list[Fact]]
