@@ -96,7 +96,7 @@ def parse_bool(text: str) -> bool:
 
 
 def whole(low: int, high: int | None = None) -> Callable[[str], int]:
-    allowed = f"must be a whole number from {low} to {high}" if high is not None else \
+    allowed = f"must be between {low} and {high} (a whole number)" if high is not None else \
         f"must be a whole number, {low} or more"
 
     def parse(text: str) -> int:
@@ -114,7 +114,7 @@ def number(low: float, high: float | None = None, above: bool = False) -> Callab
     if above:
         allowed = f"must be a number above {low:g}"
     else:
-        allowed = f"must be a number from {low:g} to {high:g}" if high is not None else \
+        allowed = f"must be between {low:g} and {high:g}" if high is not None else \
             f"must be a number, {low:g} or more"
 
     def parse(text: str) -> float:
@@ -162,7 +162,7 @@ def parse_prefetch(text: str) -> int | None:
     try:
         return whole(0, 1000)(text)
     except ValueError:
-        raise ValueError("must be auto or a whole number from 0 to 1000") from None
+        raise ValueError("must be auto or between 0 and 1000 (a whole number)") from None
 
 
 def parse_max_rps(text: str) -> float | None:

@@ -20,25 +20,25 @@ BASE = {"SPOOLED_API_KEY": KEY, "SPOOLED_QUEUE": "q", "SPOOLED_HANDLER": "m:f"}
 BAD_VALUES = {
     "SPOOLED_QUEUE": (".hidden", "queue name"),
     "SPOOLED_HANDLER": ("nocolon", "package.module:function"),
-    "SPOOLED_PROCS": ("abc", "1 to 1000"),
+    "SPOOLED_PROCS": ("abc", "between 1 and 1000"),
     "SPOOLED_API_URL": ("ftp://x", "http(s) URL"),
     "SPOOLED_API_KEY_FILE": (" ", "empty"),
     "SPOOLED_WORKER_ID": ("bad id!", "1-128 characters"),
-    "SPOOLED_LEASE": ("4", "5 to 3600"),
+    "SPOOLED_LEASE": ("4", "between 5 and 3600"),
     "SPOOLED_DRAIN_TIMEOUT": ("-1", "0 or more"),
-    "SPOOLED_POLL_INTERVAL": ("0.01", "0.05 to 300"),
+    "SPOOLED_POLL_INTERVAL": ("0.01", "between 0.05 and 300"),
     "SPOOLED_MAX_JOBS_PER_CHILD": ("1.5", "whole number"),
     "SPOOLED_MAX_MEMORY_PER_CHILD": ("-5", "0 or more"),
     "SPOOLED_KILL_GRACE": ("nan", "0 or more"),
     "SPOOLED_MAX_RESULT_BYTES": ("1000", "1024 or more"),
-    "SPOOLED_API_TIMEOUT": ("121", "0.5 to 120"),
+    "SPOOLED_API_TIMEOUT": ("121", "between 0.5 and 120"),
     "SPOOLED_CA_BUNDLE": ("/nonexistent/ca.pem", "not a readable file"),
     "SPOOLED_ALLOW_INSECURE_HTTP": ("TRUEISH", "1/true/yes/on or 0/false/no/off"),
-    "SPOOLED_HEALTH_PORT": ("65536", "0 to 65535"),
+    "SPOOLED_HEALTH_PORT": ("65536", "between 0 and 65535"),
     "SPOOLED_HEALTH_HOST": ("  ", "empty"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
-    "SPOOLED_PREFETCH": ("1001", "auto or a whole number from 0 to 1000"),
+    "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
     "SPOOLED_MAX_RPS": ("0", "above 0"),
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
     "SPOOLED_GRPC_URL": ("grpc.example.com", "HOST:PORT"),
@@ -147,10 +147,10 @@ def test_grpc_transport_without_the_grpc_package_names_the_extra(monkeypatch):
 
 
 @pytest.mark.parametrize("argv,text", [
-    (["--procs", "abc"], "--procs must be a whole number from 1 to 1000, got abc"),
+    (["--procs", "abc"], "--procs must be between 1 and 1000 (a whole number), got abc"),
     (["--procs"], "--procs: expected one argument"),
     (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
-    (["--procs", "0"], "--procs must be a whole number from 1 to 1000, got 0"),
+    (["--procs", "0"], "--procs must be between 1 and 1000 (a whole number), got 0"),
     (["--lease", "1 0"], "got '1 0'"),
 ])
 def test_bad_flags_are_one_line(argv, text):
@@ -173,7 +173,7 @@ def run_cli(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 
 
 @pytest.mark.parametrize("argv,env,first", [
-    (["--procs", "abc"], BASE, "error: --procs must be a whole number from 1 to 1000, got abc"),
+    (["--procs", "abc"], BASE, "error: --procs must be between 1 and 1000 (a whole number), got abc"),
     (["--bogus"], BASE, "error: unrecognized arguments: --bogus"),
     ([], {**BASE, "SPOOLED_LOG_FORMAT": "xml"}, "error: SPOOLED_LOG_FORMAT must be auto, json or text, got xml"),
     ([], {**BASE, "SPOOLED_ALLOW_INSECURE_HTTP": "TRUEISH"}, "error: SPOOLED_ALLOW_INSECURE_HTTP must be"),
