@@ -333,7 +333,8 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def read_api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> Secret:
+def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:
+    """The key from --api-key-file / SPOOLED_API_KEY_FILE, else SPOOLED_API_KEY, else the systemd credential."""
     if args.api_key is not None:
         raise ConfigError("--api-key is not accepted (it would show in ps and shell history): "
                           "set SPOOLED_API_KEY or use --api-key-file")
@@ -341,7 +342,7 @@ def read_api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> Secret
         try:
             key = Path(args.api_key_file).read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read {file_source} {_shown(args.api_key_file)}: {exc.strerror}") from None
     elif environ.get("SPOOLED_API_KEY"):
         key = environ["SPOOLED_API_KEY"].strip()
     elif environ.get("CREDENTIALS_DIRECTORY") and (Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME).is_file():
@@ -391,7 +392,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     hostname = socket.gethostname()
     worker_id = values["worker_id"] or clean_worker_id(hostname)
     args.api_key_file = values["api_key_file"]
-    key = read_api_key(args, environ)
+    key = read_api_key(args, environ, sources["api_key_file"])
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
     queues = values["queue"]
     return Config(

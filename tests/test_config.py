@@ -76,6 +76,16 @@ def test_the_same_bad_value_as_a_flag_names_the_flag(name):
     assert text.startswith(flag + " ") and allowed in text
 
 
+def test_key_sources_name_what_the_user_set(tmp_path):
+    missing = str(tmp_path / "no-such-key")
+    assert one_line_error([], {**BASE, "SPOOLED_API_KEY_FILE": missing}).startswith(
+        f"cannot read SPOOLED_API_KEY_FILE {missing}: ")
+    assert one_line_error(["--api-key-file", missing], BASE).startswith(f"cannot read --api-key-file {missing}: ")
+    for bad in ("sp_x", "sp_test_with space inside"):
+        text = one_line_error([], {**BASE, "SPOOLED_API_KEY": bad})
+        assert "SPOOLED_API_KEY" in text and bad not in text
+
+
 def test_a_flag_beats_its_variable_and_an_empty_variable_is_unset():
     env = {**BASE, "SPOOLED_PROCS": "abc", "SPOOLED_LOG_FORMAT": ""}
     cfg = load_config(["--procs", "3", "--log-format", "text"], env)
