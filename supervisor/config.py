@@ -391,8 +391,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         procs = min(procs, 1000)
     hostname = socket.gethostname()
     worker_id = values["worker_id"] or clean_worker_id(hostname)
-    args.api_key_file = values["api_key_file"]
-    key = read_api_key(args, environ, sources["api_key_file"])
+    key_args = argparse.Namespace(api_key=args.api_key, api_key_file=values["api_key_file"])
+    key = read_api_key(key_args, environ, sources["api_key_file"])
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
     queues = values["queue"]
     return Config(
