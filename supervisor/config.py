@@ -2,25 +2,39 @@
 
 `load_config(argv, environ)` either returns a Config or raises ConfigError with one line
 saying what to fix. It does no network I/O and registers nothing.
+
+Every option is one `Option` row: its flag, its environment variable, a parser that turns the text into
+a value (or raises ValueError saying what is allowed) and its default. A flag's value is parsed exactly like
+its variable's, and the error names whichever the value came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import ipaddress
+import math
 import os
 import re
+import shlex
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from supervisor.client.rest import Secret
+from supervisor.cpus import granted_cpus
 
 DEFAULT_API_URL = "https://api.spooled.cloud"
+DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
 CREDENTIAL_NAME = "spooled-api-key"
+GRPC_EXTRA_HINT = "pip install 'spooled-supervisor[grpc]'"
 _WORKER_ID_RX = re.compile(r"[^A-Za-z0-9._-]")
 _QUEUE_RX = re.compile(r"^[^\W.-][\w.-]{0,99}$")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 class ConfigError(Exception):
@@ -31,7 +45,7 @@ class ConfigError(Exception):
 class Config:
     api_url: str
     api_key: Secret = field(repr=False)
-    queue: str
+    queue: str  # queues[0], kept for code that serves one queue
     handler: str
     worker_id: str
     hostname: str
@@ -50,6 +64,17 @@ class Config:
     health_port: int | None = None
     log_format: str = "auto"
     log_level: str = "INFO"
+    queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
+    prefetch: int | None = None  # jobs claimed ahead; None = auto
+    max_rps: float | None = None  # API requests per second cap; None = off
+    transport: str = "rest"  # "rest" or "grpc"
+    grpc_url: str = DEFAULT_GRPC_URL
+    until_empty: bool = False  # drain and exit once the queues are empty
+    procs_source: str = ""  # where `procs` came from, for the start-up log
+
+    def __post_init__(self) -> None:
+        if not self.queues:
+            object.__setattr__(self, "queues", (self.queue,))
 
 
 def clean_worker_id(raw: str) -> str:
@@ -58,41 +83,245 @@ def clean_worker_id(raw: str) -> str:
     return cleaned
 
 
-def _env(environ, name, default=None):
-    value = environ.get(name)
-    return default if value in (None, "") else value
+# Parsers: text -> value, or ValueError whose text says what is allowed.
+
+def parse_bool(text: str) -> bool:
+    """1/true/yes/on and 0/false/no/off, in any case."""
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("must be 1/true/yes/on or 0/false/no/off (any case)")
 
 
-def build_parser(environ) -> argparse.ArgumentParser:
-    e = lambda name, default=None: _env(environ, name, default)  # noqa: E731
-    p = argparse.ArgumentParser(
+def whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    allowed = f"must be between {low} and {high} (a whole number)" if high is not None else \
+        f"must be a whole number, {low} or more"
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise ValueError(allowed) from None
+        if value < low or (high is not None and value > high):
+            raise ValueError(allowed)
+        return value
+    return parse
+
+
+def number(low: float, high: float | None = None, above: bool = False) -> Callable[[str], float]:
+    if above:
+        allowed = f"must be a number above {low:g}"
+    else:
+        allowed = f"must be between {low:g} and {high:g}" if high is not None else \
+            f"must be a number, {low:g} or more"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(allowed) from None
+        if not math.isfinite(value) or value < low or (above and value == low) or (high is not None and value > high):
+            raise ValueError(allowed)
+        return value
+    return parse
+
+
+def choice(*names: str, upper: bool = False) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper() if upper else text.strip().lower()
+        if value not in names:
+            raise ValueError("must be " + ", ".join(names[:-1]) + " or " + names[-1])
+        return value
+    return parse
+
+
+def parse_queues(text: str) -> tuple[str, ...]:
+    """`a,b,c`: queues in priority order, each a valid name, no duplicates."""
+    names = tuple(part.strip() for part in text.split(","))
+    for name in names:
+        if not _QUEUE_RX.match(name):
+            raise ValueError(f"must be queue names separated by commas, each 1-100 letters, digits, '.', '_' or "
+                             f"'-', not starting with '.' or '-' ({name!r} is not a valid queue name)")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"must name each queue once ({dupes[0]!r} is listed twice)")
+    return names
+
+
+def parse_handler(text: str) -> str:
+    if ":" not in text or text.startswith(":") or text.endswith(":"):
+        raise ValueError("must look like package.module:function")
+    return text
+
+
+def parse_prefetch(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return whole(0, 1000)(text)
+    except ValueError:
+        raise ValueError("must be auto or between 0 and 1000 (a whole number)") from None
+
+
+def parse_max_rps(text: str) -> float | None:
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return number(0, above=True)(text)
+    except ValueError:
+        raise ValueError("must be off or a number of requests per second above 0") from None
+
+
+def parse_api_url(text: str) -> str:
+    url = urlsplit(text)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError("must be an http(s) URL with a host")
+    return text.rstrip("/")
+
+
+def parse_grpc_url(text: str) -> str:
+    """HOST:PORT, as gRPC channels take it (IPv6 in brackets)."""
+    try:
+        parts = urlsplit("//" + text.strip())
+        port = parts.port
+    except ValueError:
+        port = None
+    if not text.strip() or not parts.hostname or port is None or not 1 <= port <= 65535 or parts.path or "@" in text:
+        raise ValueError("must be HOST:PORT, e.g. " + DEFAULT_GRPC_URL)
+    return text.strip()
+
+
+def parse_worker_id(text: str) -> str:
+    if not 1 <= len(text) <= 128 or _WORKER_ID_RX.search(text):
+        raise ValueError("must be 1-128 characters of A-Z a-z 0-9 . _ -")
+    return text
+
+
+def parse_text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: `--flag` / ENV, parsed by `parse`; `default` is used (unparsed) when neither is set."""
+
+    flag: str
+    env: str
+    parse: Callable[[str], Any]
+    default: Any
+    help: str
+    metavar: str | None = None
+    switch: bool = False  # a flag without a value (sets True); the variable takes a boolean
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--queue", "SPOOLED_QUEUE", parse_queues, None, "queue(s) to claim jobs from; several as a,b,c are "
+           "served in that priority order", "Q[,Q...]"),
+    Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function; it "
+           "receives a context with job_id, payload, ...", "MOD:FN"),
+    Option("--procs", "SPOOLED_PROCS", whole(1, 1000), None, "number of child processes, 1-1000; default: the "
+           "CPUs really granted (affinity mask capped by the cgroup CPU quota)", "N"),
+    Option("--api-url", "SPOOLED_API_URL", parse_api_url, DEFAULT_API_URL, f"Spooled API base URL; default "
+           f"{DEFAULT_API_URL}", "URL"),
+    Option("--api-key-file", "SPOOLED_API_KEY_FILE", parse_text, None, "file holding the API key; otherwise "
+           f"SPOOLED_API_KEY or $CREDENTIALS_DIRECTORY/{CREDENTIAL_NAME}", "PATH"),
+    Option("--worker-id", "SPOOLED_WORKER_ID", parse_worker_id, None, "stable worker id, reused across restarts; "
+           "default: the hostname, e.g. the pod name", "ID"),
+    Option("--lease", "SPOOLED_LEASE", whole(5, 3600), 30, "job lease in seconds, 5-3600, renewed every third of "
+           "it; default 30", "S"),
+    Option("--drain-timeout", "SPOOLED_DRAIN_TIMEOUT", number(0), 25.0, "seconds to let in-flight jobs finish "
+           "after SIGTERM; default 25", "S"),
+    Option("--poll-interval", "SPOOLED_POLL_INTERVAL", number(0.05, 300), 5.0, "longest wait between claims on "
+           "an empty queue, 0.05-300; back-off starts at 50 ms; default 5", "S"),
+    Option("--max-jobs-per-child", "SPOOLED_MAX_JOBS_PER_CHILD", whole(0), 0, "replace a child after about this "
+           "many jobs, with up to 10%% jitter; 0 = never", "N"),
+    Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0), 0, "replace a child whose RSS "
+           "exceeds this after its job; stop it and fail the job if it keeps growing during one; 0 = no cap", "MB"),
+    Option("--kill-grace", "SPOOLED_KILL_GRACE", number(0), 3.0, "seconds between SIGTERM and SIGKILL when "
+           "stopping a child; default 3", "S"),
+    Option("--max-result-bytes", "SPOOLED_MAX_RESULT_BYTES", whole(1024), 1_900_000, "largest JSON result sent "
+           "to the API; larger fails the job; at least 1024", "N"),
+    Option("--api-timeout", "SPOOLED_API_TIMEOUT", number(0.5, 120), 10.0, "seconds to wait for one API "
+           "answer, 0.5-120; default 10", "S"),
+    Option("--ca-bundle", "SPOOLED_CA_BUNDLE", parse_text, None, "CA bundle for a private CA; TLS verification "
+           "is always on", "PATH"),
+    Option("--allow-insecure-http", "SPOOLED_ALLOW_INSECURE_HTTP", parse_bool, False, "allow plain http:// to "
+           "a host other than loopback; the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
+    Option("--health-port", "SPOOLED_HEALTH_PORT", whole(0, 65535), None, "serve /healthz, /readyz, /metrics "
+           "and /status on this port, 0-65535; off by default", "PORT"),
+    Option("--health-host", "SPOOLED_HEALTH_HOST", parse_text, "127.0.0.1", "address for the health port; "
+           "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
+    Option("--log-format", "SPOOLED_LOG_FORMAT", choice("auto", "json", "text"), "auto", "log lines as JSON or "
+           "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
+    Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
+           "DEBUG, INFO, WARNING or ERROR, any case; default INFO", "LEVEL"),
+    Option("--prefetch", "SPOOLED_PREFETCH", parse_prefetch, None, "jobs claimed ahead of free children: auto, or "
+           "0-1000; default auto", "auto|N"),
+    Option("--max-rps", "SPOOLED_MAX_RPS", parse_max_rps, None, "cap on API requests per second, a number above "
+           "0; default off", "R"),
+    Option("--transport", "SPOOLED_TRANSPORT", choice("rest", "grpc"), "rest", "claim and complete over REST or "
+           f"gRPC; grpc needs {GRPC_EXTRA_HINT}; default rest", "rest|grpc"),
+    Option("--grpc-url", "SPOOLED_GRPC_URL", parse_grpc_url, DEFAULT_GRPC_URL, "gRPC endpoint HOST:PORT for "
+           f"--transport grpc; default {DEFAULT_GRPC_URL}", "HOST:PORT"),
+    Option("--until-empty", "SPOOLED_UNTIL_EMPTY", parse_bool, False, "drain and exit once the queues are "
+           "empty; the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
+)
+OPTION_BY_DEST = {opt.dest: opt for opt in OPTIONS}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors (unknown flag, missing value) raise one-line ConfigErrors instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see python -m supervisor run --help)")
+
+
+def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The `run` argument parser. Values stay text here (None when not given); `resolve` parses them."""
+    p = OneLineParser(
         prog="python -m supervisor [run]",
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
-        "the environment variable shown. The API key comes from SPOOLED_API_KEY, --api-key-file, or the systemd "
-        f"credential '{CREDENTIAL_NAME}' - never from a flag value, so it never shows in ps.",
+        "the environment variable shown; a flag beats its variable. The API key comes from SPOOLED_API_KEY, "
+        f"--api-key-file, or the systemd credential '{CREDENTIAL_NAME}' - never from a flag value, so it never "
+        "shows in ps.",
     )
-    p.add_argument("--queue", default=e("SPOOLED_QUEUE"), help="queue to claim jobs from (SPOOLED_QUEUE)")
-    p.add_argument("--handler", default=e("SPOOLED_HANDLER"), help="the job handler, package.module:function; it receives a context with job_id, payload, ... (SPOOLED_HANDLER)")
-    p.add_argument("--procs", type=int, default=e("SPOOLED_PROCS"), help="number of child processes (SPOOLED_PROCS; default: the CPU count)")
-    p.add_argument("--api-url", default=e("SPOOLED_API_URL", DEFAULT_API_URL), help=f"Spooled API base URL (SPOOLED_API_URL; default {DEFAULT_API_URL})")
-    p.add_argument("--api-key-file", default=e("SPOOLED_API_KEY_FILE"), help="file holding the API key (SPOOLED_API_KEY_FILE); otherwise SPOOLED_API_KEY or $CREDENTIALS_DIRECTORY/" + CREDENTIAL_NAME)
+    for opt in OPTIONS:
+        if opt.switch:
+            p.add_argument(opt.flag, action="store_const", const="1", default=None, help=f"{opt.help} ({opt.env})")
+        else:
+            p.add_argument(opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} ({opt.env})")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
-    p.add_argument("--worker-id", default=e("SPOOLED_WORKER_ID"), help="stable worker id, reused across restarts (SPOOLED_WORKER_ID; default: the hostname, e.g. the pod name)")
-    p.add_argument("--lease", type=int, default=e("SPOOLED_LEASE", 30), help="job lease in seconds, 5-3600, renewed every third of it (SPOOLED_LEASE; default 30)")
-    p.add_argument("--drain-timeout", type=float, default=e("SPOOLED_DRAIN_TIMEOUT", 25.0), help="seconds to let in-flight jobs finish after SIGTERM (SPOOLED_DRAIN_TIMEOUT; default 25)")
-    p.add_argument("--poll-interval", type=float, default=e("SPOOLED_POLL_INTERVAL", 5.0), help="longest wait between claims on an empty queue; back-off starts at 50 ms (SPOOLED_POLL_INTERVAL; default 5)")
-    p.add_argument("--max-jobs-per-child", type=int, default=e("SPOOLED_MAX_JOBS_PER_CHILD", 0), help="replace a child after about this many jobs, with up to 10%% jitter (SPOOLED_MAX_JOBS_PER_CHILD; 0 = never)")
-    p.add_argument("--max-memory-per-child", type=int, default=e("SPOOLED_MAX_MEMORY_PER_CHILD", 0), metavar="MB", help="replace a child whose RSS exceeds this after its job; stop it and fail the job if it keeps growing during one (SPOOLED_MAX_MEMORY_PER_CHILD; 0 = no cap)")
-    p.add_argument("--kill-grace", type=float, default=e("SPOOLED_KILL_GRACE", 3.0), help="seconds between SIGTERM and SIGKILL when stopping a child (SPOOLED_KILL_GRACE; default 3)")
-    p.add_argument("--max-result-bytes", type=int, default=e("SPOOLED_MAX_RESULT_BYTES", 1_900_000), help="largest JSON result sent to the API; larger fails the job (SPOOLED_MAX_RESULT_BYTES)")
-    p.add_argument("--api-timeout", type=float, default=e("SPOOLED_API_TIMEOUT", 10.0), help="seconds to wait for one API answer (SPOOLED_API_TIMEOUT; default 10)")
-    p.add_argument("--ca-bundle", default=e("SPOOLED_CA_BUNDLE"), help="CA bundle for a private CA; TLS verification is always on (SPOOLED_CA_BUNDLE)")
-    p.add_argument("--allow-insecure-http", action="store_true", default=e("SPOOLED_ALLOW_INSECURE_HTTP", "") in ("1", "true", "yes"), help="allow plain http:// to a host other than loopback (SPOOLED_ALLOW_INSECURE_HTTP)")
-    p.add_argument("--health-port", type=int, default=e("SPOOLED_HEALTH_PORT"), help="serve /healthz, /readyz, /metrics and /status on this port (SPOOLED_HEALTH_PORT; off by default)")
-    p.add_argument("--health-host", default=e("SPOOLED_HEALTH_HOST", "127.0.0.1"), help="address for the health port (SPOOLED_HEALTH_HOST; default 127.0.0.1, use 0.0.0.0 in a pod)")
-    p.add_argument("--log-format", choices=["auto", "json", "text"], default=e("SPOOLED_LOG_FORMAT", "auto"), help="log lines as JSON or text; auto = text on a terminal, JSON otherwise (SPOOLED_LOG_FORMAT)")
-    p.add_argument("--log-level", default=e("SPOOLED_LOG_LEVEL", "INFO"), help="DEBUG, INFO, WARNING or ERROR (SPOOLED_LOG_LEVEL; default INFO)")
     return p
+
+
+def resolve(opt: Option, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """(value, source): the flag's value if given, else the variable's (empty = unset), else the default.
+
+    A bad value raises ConfigError naming the flag or the variable, whichever it came from.
+    """
+    raw = getattr(args, opt.dest)
+    source = opt.flag
+    if raw is None:
+        raw, source = environ.get(opt.env) or None, opt.env
+    if raw is None:
+        return opt.default, "default"
+    try:
+        return opt.parse(raw), source
+    except ValueError as exc:
+        raise ConfigError(f"{source} {exc}, got {_shown(raw)}") from None
+
+
+def _shown(raw: str) -> str:
+    """A value as it may be typed back into a shell, cut to 80 characters: one line whatever it holds."""
+    return shlex.quote(raw if len(raw) <= 80 else raw[:77] + "...")
 
 
 def _is_loopback(host: str) -> bool:
@@ -104,14 +333,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def read_api_key(args, environ) -> Secret:
+def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:
+    """The key from --api-key-file / SPOOLED_API_KEY_FILE, else SPOOLED_API_KEY, else the systemd credential."""
     if args.api_key is not None:
-        raise ConfigError("--api-key is not accepted (it would show in ps and shell history): set SPOOLED_API_KEY or use --api-key-file")
+        raise ConfigError("--api-key is not accepted (it would show in ps and shell history): "
+                          "set SPOOLED_API_KEY or use --api-key-file")
     if args.api_key_file:
         try:
             key = Path(args.api_key_file).read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read {file_source} {_shown(args.api_key_file)}: {exc.strerror}") from None
     elif environ.get("SPOOLED_API_KEY"):
         key = environ["SPOOLED_API_KEY"].strip()
     elif environ.get("CREDENTIALS_DIRECTORY") and (Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME).is_file():
@@ -119,70 +350,60 @@ def read_api_key(args, environ) -> Secret:
     else:
         raise ConfigError("no API key: set SPOOLED_API_KEY, or pass --api-key-file PATH")
     if len(key) < 10 or any(c.isspace() for c in key):
-        raise ConfigError("the API key looks malformed (too short or contains whitespace): check SPOOLED_API_KEY / --api-key-file")
+        raise ConfigError("the API key looks malformed (too short or contains whitespace): "
+                          "check SPOOLED_API_KEY / --api-key-file")
     return Secret(key)
 
 
-def load_config(argv: list[str], environ=None) -> Config:
+def load_config(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)  # a bad flag exits 2 with argparse's one-line error
+    args = build_parser(environ).parse_args(argv)  # a bad flag raises a one-line ConfigError
     return config_from_args(args, environ)
 
 
-def config_from_args(args, environ) -> Config:
-    if not args.queue:
-        raise ConfigError("--queue is required (or set SPOOLED_QUEUE)")
-    if not _QUEUE_RX.match(args.queue):
-        raise ConfigError(f"--queue {args.queue!r} is not a valid queue name: 1-100 letters, digits, '.', '_' or '-', not starting with '.' or '-'")
-    if not args.handler:
-        raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
-    if ":" not in args.handler or args.handler.startswith(":") or args.handler.endswith(":"):
-        raise ConfigError(f"--handler must look like package.module:function, got {args.handler!r}")
-    procs = args.procs if args.procs is not None else (os.cpu_count() or 1)
+def _require_grpc() -> None:
     try:
-        procs = int(procs)
-    except ValueError:
-        raise ConfigError(f"--procs must be a whole number, got {procs!r}") from None
-    if not 1 <= procs <= 1000:
-        raise ConfigError(f"--procs must be between 1 and 1000, got {procs}")
-    lease = int(args.lease)
-    if not 5 <= lease <= 3600:
-        raise ConfigError(f"--lease must be between 5 and 3600 seconds, got {lease}")
-    checks = [
-        (float(args.drain_timeout) >= 0, "--drain-timeout must be 0 or more seconds"),
-        (0.05 <= float(args.poll_interval) <= 300, "--poll-interval must be between 0.05 and 300 seconds"),
-        (int(args.max_jobs_per_child) >= 0, "--max-jobs-per-child must be 0 (never) or more"),
-        (int(args.max_memory_per_child) >= 0, "--max-memory-per-child must be 0 (no cap) or more MB"),
-        (float(args.kill_grace) >= 0, "--kill-grace must be 0 or more seconds"),
-        (1024 <= int(args.max_result_bytes), "--max-result-bytes must be at least 1024"),
-        (0.5 <= float(args.api_timeout) <= 120, "--api-timeout must be between 0.5 and 120 seconds"),
-        (args.log_level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "--log-level must be DEBUG, INFO, WARNING or ERROR"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ConfigError(message)
-    if args.health_port is not None and not 0 <= int(args.health_port) <= 65535:
-        raise ConfigError(f"--health-port must be between 0 and 65535, got {args.health_port}")
-    url = urlsplit(args.api_url)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"--api-url must be an http(s) URL with a host, got {args.api_url!r}")
-    if url.scheme == "http" and not _is_loopback(url.hostname) and not args.allow_insecure_http:
-        raise ConfigError(f"refusing plain http:// to {url.hostname}: the API key would cross the network unencrypted; use https:// or pass --allow-insecure-http")
-    if args.ca_bundle and not Path(args.ca_bundle).is_file():
-        raise ConfigError(f"--ca-bundle {args.ca_bundle} is not a readable file")
+        importlib.import_module("grpc")
+    except ImportError:
+        raise ConfigError(f"--transport grpc needs the gRPC extra: {GRPC_EXTRA_HINT}") from None
+
+
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in OPTIONS:
+        values[opt.dest], sources[opt.dest] = resolve(opt, args, environ)
+    if values["queue"] is None:
+        raise ConfigError("--queue is required (or set SPOOLED_QUEUE)")
+    if values["handler"] is None:
+        raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
+    url = urlsplit(values["api_url"])
+    if url.scheme == "http" and not _is_loopback(url.hostname or "") and not values["allow_insecure_http"]:
+        raise ConfigError(f"refusing plain http:// to {url.hostname}: the API key would cross the network "
+                          "unencrypted; use https:// or pass --allow-insecure-http (SPOOLED_ALLOW_INSECURE_HTTP=1)")
+    if values["ca_bundle"] and not Path(values["ca_bundle"]).is_file():
+        raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'])} is not a readable file")
+    if values["transport"] == "grpc":
+        _require_grpc()
+    procs, procs_source = values["procs"], f"procs={values['procs']} from {sources['procs']}"
+    if procs is None:
+        procs, procs_source = granted_cpus()
+        procs = min(procs, 1000)
     hostname = socket.gethostname()
-    worker_id = args.worker_id if args.worker_id else clean_worker_id(hostname)
-    if not 1 <= len(worker_id) <= 128 or _WORKER_ID_RX.search(worker_id):
-        raise ConfigError(f"--worker-id must be 1-128 characters of A-Z a-z 0-9 . _ -, got {worker_id!r}")
-    key = read_api_key(args, environ)
+    worker_id = values["worker_id"] or clean_worker_id(hostname)
+    key_args = argparse.Namespace(api_key=args.api_key, api_key_file=values["api_key_file"])
+    key = read_api_key(key_args, environ, sources["api_key_file"])
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
+    queues = values["queue"]
     return Config(
-        api_url=args.api_url.rstrip("/"), api_key=key, queue=args.queue, handler=args.handler, worker_id=worker_id,
-        hostname=host_clean[:255], procs=procs, lease=lease, drain_timeout=float(args.drain_timeout),
-        poll_interval=float(args.poll_interval), max_jobs_per_child=int(args.max_jobs_per_child),
-        max_memory_per_child_mb=int(args.max_memory_per_child), kill_grace=float(args.kill_grace),
-        max_result_bytes=int(args.max_result_bytes), api_timeout=float(args.api_timeout), ca_bundle=args.ca_bundle,
-        allow_insecure_http=bool(args.allow_insecure_http), health_host=args.health_host,
-        health_port=None if args.health_port is None else int(args.health_port),
-        log_format=args.log_format, log_level=args.log_level.upper(),
+        api_url=values["api_url"], api_key=key, queue=queues[0], handler=values["handler"], worker_id=worker_id,
+        hostname=host_clean[:255], procs=procs, lease=values["lease"], drain_timeout=float(values["drain_timeout"]),
+        poll_interval=float(values["poll_interval"]), max_jobs_per_child=values["max_jobs_per_child"],
+        max_memory_per_child_mb=values["max_memory_per_child"], kill_grace=float(values["kill_grace"]),
+        max_result_bytes=values["max_result_bytes"], api_timeout=float(values["api_timeout"]),
+        ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
+        health_host=values["health_host"], health_port=values["health_port"], log_format=values["log_format"],
+        log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
+        transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
+        procs_source=procs_source,
     )
