@@ -101,8 +101,9 @@ class LinePump:
 class DevServer:
     """`python -m supervisor dev-server` on a free loopback port with a temporary database."""
 
-    def __init__(self, tmp: str):
-        self.db = os.path.join(tmp, "bench.db")
+    def __init__(self, tmp: str, extra: tuple[str, ...] = (), name: str = "bench"):
+        self.db = os.path.join(tmp, f"{name}.db")
+        self.extra = list(extra)  # more dev-server flags, e.g. ("--fault-delay-ms", "20")
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.key = ""
@@ -110,7 +111,8 @@ class DevServer:
     def start(self) -> DevServer:
         env = child_env()
         env.pop("SPOOLED_API_KEY", None)
-        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--db", self.db]
+        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--db", self.db,
+               *self.extra]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.out = LinePump(self.proc.stdout)
         deadline = time.monotonic() + 20
@@ -182,12 +184,13 @@ class Daemon:
     """`python -m supervisor run` as a subprocess, log to a file; the key only in its environment."""
 
     def __init__(self, server: DevServer, tmp: str, queue: str, procs: int, poll_interval: float,
-                 log_level: str = "INFO"):
+                 log_level: str = "INFO", extra: tuple[str, ...] = (), worker_id: str = ""):
         self.server, self.queue, self.procs = server, queue, procs
-        self.log_path = os.path.join(tmp, f"daemon-{queue}.log")
+        worker_id = worker_id or f"bench-{queue}"
+        self.log_path = os.path.join(tmp, f"daemon-{worker_id}.log")
         self.cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", HANDLER, "--procs", str(procs),
-                    "--api-url", server.url, "--worker-id", f"bench-{queue}", "--poll-interval", str(poll_interval),
-                    "--log-format", "json", "--log-level", log_level]
+                    "--api-url", server.url, "--worker-id", worker_id, "--poll-interval", str(poll_interval),
+                    "--log-format", "json", "--log-level", log_level, *extra]
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> Daemon:

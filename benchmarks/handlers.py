@@ -1,7 +1,8 @@
 """Handlers the benchmarks run, the same function under every runner (daemon, SDK, Pool).
 
 `burn(ctx)`: payload {"ms": d} burns d ms of this *thread's* CPU time and returns {"t0": wall
-time the handler started}; payload {"stamp": 1} returns {"t0": ...} at once; {} is a no-op
+time the handler started}; payload {"stamp": 1} returns {"t0": ...} at once; {"sleep_s": s} sleeps s
+seconds; {} is a no-op
 (returns None, so no result is sent).
 
 The burn is `supervisor.demo_handlers.burn_cpu`, which counts thread CPU time: under the SDK's
@@ -25,5 +26,8 @@ def burn(ctx):
         burn_ms(float(ms))
         return {"t0": t0}
     if payload.get("stamp"):
+        return {"t0": t0}
+    if payload.get("sleep_s") is not None:  # wall-clock jobs: the cores do not limit a fleet run
+        time.sleep(float(payload["sleep_s"]))
         return {"t0": t0}
     return None

@@ -23,6 +23,7 @@ import orjson
 
 from . import handlers as h
 from .errors import STATUS_CODES, ApiError, invalid_json
+from .faults import RequestStats
 
 PUBLIC, API, DEV = "public", "api", "dev"
 _REASONS = {200: "OK", 201: "Created", 204: "No Content", 400: "Bad Request", 401: "Unauthorized",
@@ -37,6 +38,7 @@ ROUTES = [
     ("GET", "/health/ready", h.health_ready, PUBLIC),
     ("GET", "/_dev/faults", h.get_faults, DEV),
     ("POST", "/_dev/faults", h.set_faults, DEV),
+    ("GET", "/_dev/stats", h.get_stats, DEV),
     ("POST", "/api/v1/organizations", h.create_org, API),
     ("POST", "/api/v1/workers/register", h.register_worker, API),
     ("GET", "/api/v1/workers", h.list_workers, API),
@@ -147,6 +149,7 @@ class App:
 
     def __init__(self, store, cfg: Config, faults, limiter=None):
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
+        self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
 
     def authenticate(self, headers) -> str:
@@ -170,8 +173,14 @@ class App:
                     raise ApiError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
                 req.org = None if fn in NO_AUTH else self.authenticate(req.headers)
                 if kind == API:
+                    org = req.org or "public"
                     if self.limiter is not None:
-                        self.limiter.take(req.org or "public")
+                        try:
+                            self.limiter.take(org)
+                        except ApiError:
+                            self.stats.count(org, fn.__name__, rate_limited=True)
+                            raise
+                    self.stats.count(org, fn.__name__)
                     if self.faults.active():
                         self.faults.before()
                         cut = self.faults.should_cut()

@@ -7,6 +7,8 @@ Faults apply only to /api/v1 routes (never /health* or /_dev/faults):
                 the status line and headers are sent, then half the body, then the socket closes.
 The rate limiter is a token bucket per organization (rps, burst); a refusal gives
 429 RATE_LIMIT_EXCEEDED with Retry-After and the body of CONTRACT section 2.
+`RequestStats` counts /api/v1 requests per organization and route, and the 429s among them, for
+`GET /_dev/stats` (benchmarks read the server's own figure of requests per job from it).
 """
 
 from __future__ import annotations
@@ -105,3 +107,25 @@ class RateLimiter:
                               "limit": int(self.rps) if self.rps.is_integer() else self.rps, "remaining": 0,
                               "reset_at": int(time.time() + wait) + 1},
                        headers={"Retry-After": str(secs)})
+
+
+class RequestStats:
+    """Per-organization counts of /api/v1 requests (by route template) and of rate-limit refusals."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._orgs: dict[str, dict] = {}
+
+    def count(self, org: str, route: str, rate_limited: bool = False) -> None:
+        with self._lock:
+            o = self._orgs.setdefault(org, {"requests": 0, "rate_limited": 0, "by_route": {}})
+            o["requests"] += 1
+            o["by_route"][route] = o["by_route"].get(route, 0) + 1
+            if rate_limited:
+                o["rate_limited"] += 1
+
+    def snapshot(self, org: str) -> dict:
+        with self._lock:
+            o = self._orgs.get(org, {"requests": 0, "rate_limited": 0, "by_route": {}})
+            return {"organization_id": org, "requests": o["requests"], "rate_limited": o["rate_limited"],
+                    "by_route": dict(o["by_route"])}

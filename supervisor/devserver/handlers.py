@@ -98,6 +98,11 @@ def get_faults(app, req):
     return 200, app.faults.snapshot(), None
 
 
+def get_stats(app, req):
+    """GET /_dev/stats: the caller's organization's request counts (it must authenticate)."""
+    return 200, app.stats.snapshot(req.org), None
+
+
 def set_faults(app, req):
     data = parse_json(req)
     if not isinstance(data, dict):

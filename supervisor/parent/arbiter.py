@@ -33,14 +33,20 @@ from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, ExitNow, Fact, Fatal, Followup, JobDone, Registered, StopJob
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
+from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
 
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
 DEREGISTER_TIMEOUT = 5.0
+MAX_CONNECTIONS = 32  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class Phase(enum.Enum):
@@ -68,7 +74,10 @@ class Arbiter:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
-        self.http = LoopHTTP(client, self.sel, self.wake_w)
+        # Completes, claims and renewals overlap on kept-alive connections: with 50 ms answers, each
+        # connection carries at most 20 requests/s, so the pool grows with the children it serves.
+        self.http = LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 4 + 2 * cfg.procs))
+        self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
         self.pool = ChildPool(cfg, self.sel, self.hooks)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
@@ -118,6 +127,7 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
+        self.pacer.release(now)
         self.membership.register_if_due(now)
         self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
@@ -146,9 +156,14 @@ class Arbiter:
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
-        may_claim = self.may_claim() and bool(self.pool.idle_children())
-        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(may_claim),
-                 self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline]
+        idle = len(self.pool.idle_children())
+        may_claim = self.may_claim()
+        claim_gate = self.pacer.claim_ready_at(now) if may_claim else None
+        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle),
+                 self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
+                 self.pacer.next_deadline(now)]
+        if claim_gate is not None and claim_gate > now:
+            times.append(claim_gate)
         if self.next_title_at > now:
             times.append(self.next_title_at)
         if self.http.results:
@@ -163,7 +178,10 @@ class Arbiter:
             pass
 
     def submit(self, call: api.Call, followup: Followup, first: bool = False) -> None:
-        """Send an API call; its answer goes to `followup` (see take_answers)."""
+        """Send an API call within the request budget; its answer goes to `followup` (see take_answers)."""
+        self.pacer.submit(call, followup, first, time.monotonic())
+
+    def _send(self, call, followup, first: bool) -> None:
         self.http.submit(followup, call, first)
 
     # ---------------------------------------------------------------- routing
@@ -172,6 +190,8 @@ class Arbiter:
         for followup, result, error in self.http.done():
             if error is None or not isinstance(error, api.Unavailable):
                 self.membership.api_answered(now)
+            if isinstance(error, api.RateLimited):
+                self.pacer.rate_limited(now, error.retry_after, _number(error.body.get("limit")))
             try:
                 facts = followup.answer(result, error, now)
             except Exception:
@@ -211,13 +231,14 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand waiting jobs to idle children, claim for the idle ones left, then send the outcomes
-        recorded this turn (after the claim, so the server answers the claim first)."""
+        """Hand waiting jobs to idle children, send the outcomes recorded this turn, then claim for the
+        children that are idle or soon will be (the pacer puts outcomes ahead of claims)."""
         for child, entry in self.jobs.assignments(self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
                 self.jobs.started(entry, child, now)
-        self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.may_claim())
         self.jobs.send_reports()
+        self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
+                              self.pacer.allows_claim(now), self.pacer.rate)
 
     def may_claim(self) -> bool:
         return self.membership.registered and self.phase is Phase.RUNNING
@@ -384,5 +405,11 @@ class Arbiter:
             "loop_age_secs": round(now - self.loop_at, 3),
             "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.jobs.inflight), "children": sorted(children, key=lambda c: c["slot"]),
+            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
+            "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
+            "requests_per_job": round(self.pacer.sent / self.jobs.settled, 3) if self.jobs.settled else None,
+            "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
+            "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
+            "reserve_wait_ms": self.jobs.reserve_wait_ms(),
+            "children": sorted(children, key=lambda c: c["slot"]),
         }

@@ -1,15 +1,22 @@
-"""The job flow: claim for idle children, hand jobs over, renew leases, enforce timeouts, report
+"""The job flow: claim just ahead of need, hand jobs over, renew leases, enforce timeouts, report
 outcomes, and give up on work whose lease is lost.
 
 `JobFlow` alone owns the in-flight table and the claim timing. It never touches a child: the
 arbiter tells it which children are idle and what they answered (`job_done`, `child_lost`), and it
 answers with facts (`StopJob` for a child whose job it gave up on, `Fatal` on a 401). Every API
 call goes out through `submit(call, followup)` and comes back to the followup's methods.
+
+Claiming (supervisor.parent.intake decides how many): one claim on the wire at a time, for the
+children that are idle or will be within about two claim round trips, plus a batch when jobs are
+short or requests are scarce. Queues are served in strict priority: a claim goes to the first queue
+that is not backing off after coming back empty (or short); a queue that just gave a job is asked
+again as soon as a child frees up, an empty one on its back-off (50 ms doubling to --poll-interval).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 from functools import partial
@@ -24,10 +31,32 @@ from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob
 from supervisor.parent.inflight import Entry, InFlight, Outcome
+from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
 
 log = logging.getLogger("supervisor")
 
 Submit = Callable[..., None]  # submit(call, followup, first=False)
+
+
+class QueueIntake:
+    """Claim timing of one queue."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
+        self.empty_claims = 0  # claims in a row that found fewer jobs than asked
+        self.run_time = Ewma()  # how long its jobs run (s)
+
+    def answered(self, asked: int, got: int, now: float, poll_interval: float) -> None:
+        if got < asked:
+            self.empty_claims += 1
+            self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
+        else:
+            self.empty_claims = 0
+            self.next_claim_at = now
+
+    def gave_work(self, now: float) -> None:
+        self.next_claim_at = min(self.next_claim_at, now)
 
 
 class JobFlow:
@@ -37,27 +66,47 @@ class JobFlow:
         self.submit = submit  # the arbiter's HTTP client
         self.hooks = hooks
         self.inflight = InFlight(cfg.lease)  # every job this worker holds
+        self.queues = {name: QueueIntake(name) for name in cfg.queues}  # in priority order
         self.claim_inflight = False  # a claim is on the wire
         self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
-        self.held_reports: list[Entry] = []  # outcomes held back while a claim is on the wire
-        self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when a child frees up)
         self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
-        self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.claim_failures = 0  # claims in a row that failed
+        self.claim_rtt = Ewma()  # claim round trip (s), measured
+        self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
+        self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
         return not self.inflight.jobs and not self.claim_inflight
 
-    def next_deadline(self, may_claim: bool) -> float | None:
+    def next_deadline(self, now: float, may_claim: bool, idle: int) -> float | None:
         """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
-        (when `may_claim`: registered, running, with idle children) the next claim."""
+        (when `may_claim`: registered and running) the next claim: now-ish when children are idle, or
+        when the next busy child comes within the claim horizon."""
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
-            times.append(max(self.next_claim_at, self.claim_not_before))
+            soonest = min(q.next_claim_at for q in self.queues.values())
+            if idle > len(self.inflight.waiting()):
+                times.append(max(soonest, self.claim_not_before))
+            elif self.cfg.prefetch != 0:
+                need_at = next_need_at(now, self._busy_remaining(now), self.claim_rtt.value)
+                if need_at is not None:
+                    times.append(max(need_at, soonest, self.claim_not_before))
         if self.unsent:
             times.append(0.0)
         return min(times) if times else None
+
+    def reserve_wait_ms(self) -> dict | None:
+        """p50 / p99 of the time jobs waited claimed-but-not-started (the last 500 to 1000 starts)."""
+        waits = sorted(self.reserve_waits)
+        if not waits:
+            return None
+        at = lambda p: round(1000 * waits[min(len(waits) - 1, int(p * (len(waits) - 1) + 0.5))], 2)  # noqa: E731
+        return {"p50": at(0.5), "p99": at(0.99), "samples": len(waits)}
+
+    def reserved(self) -> int:
+        """Jobs claimed and not yet started: the reserve."""
+        return len(self.inflight.waiting())
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
@@ -76,7 +125,11 @@ class JobFlow:
             return []
         self.inflight.finish(entry, Outcome(fact.ok, fact.value, "completed" if fact.ok else "failed"), now)
         self.unsent.append(entry)
-        self.next_claim_at = min(self.next_claim_at, now)  # a child is free: claim again at once
+        intake = self.queues.get(entry.queue)
+        if intake is not None:
+            if entry.duration is not None:
+                intake.run_time.add(entry.duration)
+            intake.gave_work(now)  # a child is free and this queue had work: ask it again at once
         return []
 
     def child_lost(self, fact: ChildLost, now: float) -> list[Fact]:
@@ -95,25 +148,52 @@ class JobFlow:
 
     def started(self, entry: Entry, child: Child, now: float) -> None:
         self.inflight.start(entry, child.slot, child.pid, now)
+        waits = self.reserve_waits
+        waits.append(now - entry.claimed_at)
+        if len(waits) > 1000:
+            del waits[:500]
         log_event(log, DEBUG, "job started", **self.job_fields(entry, now))
 
     # ------------------------------------------------------------ claiming
-    def maybe_claim(self, now: float, idle: int, may_claim: bool) -> None:
-        """Claim one job for each idle child that no waiting job will take, unless a claim is on the
-        wire or a back-off holds."""
-        if not may_claim or self.claim_inflight or now < self.next_claim_at or now < self.claim_not_before:
+    def maybe_claim(self, now: float, idle: int, procs: int, may_claim: bool, budget_ok: bool = True,
+                    rate: float | None = None) -> None:
+        """Claim for the children that are idle or soon will be (intake.claim_size), from the first queue
+        not backing off; one claim on the wire at a time, none while a back-off or the budget holds."""
+        if not may_claim or not budget_ok or self.claim_inflight or now < self.claim_not_before:
             return
-        free = idle - len(self.inflight.waiting())
-        if free <= 0:
+        intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
+        if intake is None:
+            return
+        size = claim_size(Need(idle=idle, waiting=len(self.inflight.waiting()), remaining=self._busy_remaining(now),
+                               procs=procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
+                               prefetch=self.cfg.prefetch, rate=rate))
+        if size <= 0:
             return
         self.claim_inflight = True
-        call = self.api.claim_call(self.cfg.queue, self.cfg.worker_id, free, self.cfg.lease)
-        self.submit(call, Followup(partial(self.on_claim, free, now), self.recover_claim), first=True)
+        call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
+        self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
 
-    def on_claim(self, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
+    def _run_time(self) -> float | None:
+        """The shortest run-time estimate among the queues (the one that wants claiming most often)."""
+        values = [q.run_time.value for q in self.queues.values() if q.run_time.value is not None]
+        return min(values) if values else None
+
+    def _busy_remaining(self, now: float) -> tuple[float, ...]:
+        """Expected seconds left of each running job (inf where its queue has no estimate yet)."""
+        out = []
+        for e in self.inflight.jobs.values():
+            if e.slot is None or e.outcome is not None:
+                continue  # waiting for a child, or done
+            intake = self.queues.get(e.queue)
+            est = intake.run_time.value if intake is not None else None
+            out.append(math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now))
+        return tuple(out)
+
+    def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
         self.claim_inflight = False
         if error is not None:
             return self._claim_failed(error, now)
+        self.claim_rtt.add(now - sent_at)
         self.claim_failures = 0
         self.claim_not_before = 0.0
         facts: list[Fact] = []
@@ -123,24 +203,16 @@ class JobFlow:
                 continue
             facts += self._take_claimed(job, sent_at, now)
         self.hooks.claimed(len(jobs))
-        if len(jobs) < asked:
-            self.empty_claims += 1
-            self.next_claim_at = now + backoff(self.empty_claims, 0.05, self.cfg.poll_interval)
-        else:
-            self.empty_claims = 0
-            self.next_claim_at = now
-        self._release_held_reports()
+        intake.answered(asked, len(jobs), now, self.cfg.poll_interval)
         return facts
 
     def recover_claim(self, now: float) -> list[Fact]:
         self.claim_inflight = False
         self.claim_not_before = now + 1.0
-        self._release_held_reports()
         return []
 
     def _claim_failed(self, error: api.ApiError, now: float) -> list[Fact]:
         self.claim_failures += 1
-        self._release_held_reports()
         if isinstance(error, api.Unauthorized):
             return [Fatal(exitcodes.AUTH, str(error))]
         wait = backoff(self.claim_failures, 0.2, max(self.cfg.poll_interval, 5.0))
@@ -159,23 +231,15 @@ class JobFlow:
         if old is not None:
             facts = self._lease_lost(old, "the server handed this job out again under a new lease", now)
         self.inflight.add(job, sent_at)
-        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=self.cfg.queue, worker_id=self.cfg.worker_id)
+        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=job.get("queue_name"),
+                  worker_id=self.cfg.worker_id)
         return facts
 
     # ------------------------------------------------------------ reporting
     def send_reports(self) -> None:
-        """Send the outcomes recorded since the last call; while a claim is on the wire they wait for its
-        answer, so the server answers the claim a freed child waits on first."""
+        """Send the outcomes recorded since the last call (after this turn's claim, which goes first)."""
         unsent, self.unsent = self.unsent, []
         for entry in unsent:
-            if self.claim_inflight:
-                self.held_reports.append(entry)
-            else:
-                self._report(entry)
-
-    def _release_held_reports(self) -> None:
-        held, self.held_reports = self.held_reports, []
-        for entry in held:
             if self.inflight.holds(entry):
                 self._report(entry)
 
@@ -199,6 +263,7 @@ class JobFlow:
         fields = self.job_fields(entry, now)
         if error is None:
             self.inflight.pop(entry.id)
+            self.settled += 1
             self.hooks.job_finished(entry.queue, out.label, entry.duration)
             if out.ok:
                 log_event(log, INFO, "job completed", **fields)

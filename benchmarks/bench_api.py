@@ -1,0 +1,267 @@
+"""The job path under real API conditions: latency (issue 10) and a plan's request budget (issue 16).
+
+    python benchmarks/bench_api.py                    # every section, a few minutes
+    python benchmarks/bench_api.py --quick            # fewer jobs
+    python benchmarks/bench_api.py --sections latency --delays 0,20,50 --ms 20,100
+
+Sections, each run side by side in one go against dev servers on loopback:
+  latency  the dev server answers every request `--fault-delay-ms` late (0, 20, 50 ms); CPU-bound jobs
+           of d ms, --procs = cores. Rows: the daemon (claim-ahead, `--prefetch auto`), the daemon with
+           `--prefetch 0` (claim only for idle children: the behaviour before claim-ahead), and the
+           official SDK's SpooledWorker (concurrency = cores). Efficiency = jobs/s / (cores / d); p50/p99
+           of the time a job waits claimed-but-not-started (from the daemon's /status).
+  fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
+           makespan / ideal makespan, and how evenly the jobs split.
+  budget   the dev server limits the organization to R requests/s (burst 2R: Spooled's plans, CONTRACT
+           section 9) for R = 5, 25, 100; 20 ms jobs. jobs/s, requests per job and 429s per 100 jobs,
+           counted by the server itself (GET /_dev/stats), for the daemon and the SDK worker.
+
+Progress is read from the dev server's SQLite file directly, so measuring spends no API request.
+Throughput is jobs / (last completed_at - first started_at) from the server's own job records.
+Prints a table per section and one JSON line; `--json PATH` also writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import requests  # noqa: E402
+
+from benchmarks._common import Daemon, DevServer, SdkWorker, free_port, machine  # noqa: E402
+
+CORES = os.cpu_count() or 1
+
+
+def pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100.0
+    lo, hi = int(k), min(len(s) - 1, int(k) + 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Db:
+    """Read-only view of the dev server's database: progress and job records at no API cost."""
+
+    def __init__(self, path: str):
+        self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+
+    def finished(self, queue: str) -> int:
+        row = self.conn.execute("SELECT count(*) FROM jobs WHERE queue_name=? AND status IN "
+                                "('completed','failed','deadletter')", (queue,)).fetchone()
+        return int(row[0])
+
+    def span(self, queue: str) -> tuple[int, float]:
+        row = self.conn.execute("SELECT count(*), min(started_at), max(completed_at) FROM jobs WHERE queue_name=? "
+                                "AND status='completed'", (queue,)).fetchone()
+        return int(row[0]), (row[2] - row[1]) if row[0] else 0.0
+
+    def by_worker(self, queue: str) -> dict[str, int]:
+        rows = self.conn.execute("SELECT assigned_worker_id, count(*) FROM jobs WHERE queue_name=? AND "
+                                 "status='completed' GROUP BY assigned_worker_id", (queue,)).fetchall()
+        return {str(w): int(n) for w, n in rows}
+
+
+def server_stats(server: DevServer) -> dict:
+    r = requests.get(f"{server.url}/_dev/stats", headers={"Authorization": f"Bearer {server.key}"}, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def wait_done(db: Db, queue: str, count: int, timeout: float, alive) -> None:
+    deadline = time.monotonic() + timeout
+    while db.finished(queue) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{queue}: jobs not finished within {timeout:.0f} s")
+        if not alive():
+            raise RuntimeError(f"{queue}: the worker exited while jobs were left")
+        time.sleep(0.2)
+
+
+def status(port: int) -> dict:
+    return requests.get(f"http://127.0.0.1:{port}/status", timeout=10).json()
+
+
+def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict, count: int, procs: int,
+               extra: tuple[str, ...] = (), settle: float = 0.0) -> dict:
+    """Enqueue `count` jobs, then start the worker (so a rate limit is not spent on enqueueing while it
+    runs), wait until they finish, stop it; figures from the server."""
+    server.enqueue(queue, payload, count)
+    if settle:
+        time.sleep(settle)  # let the organization's token bucket refill after the enqueue
+    before = server_stats(server)
+    db = Db(server.db)
+    port = free_port()
+    if kind == "sdk":
+        worker = SdkWorker(server, queue, procs, 0.005).start()
+    else:
+        worker = Daemon(server, tmp, queue, procs, 0.1, extra=("--health-port", str(port), *extra),
+                        worker_id=f"{kind}-{queue}").start()
+    try:
+        cpu0 = worker.cpu()
+        wait_done(db, queue, count, 60 + count * 0.5, worker.alive)
+        cpu = worker.cpu() - cpu0
+        st = status(port) if kind != "sdk" else {}
+    finally:
+        code = worker.stop()
+    after = server_stats(server)
+    done, span = db.span(queue)
+    reqs = after["requests"] - before["requests"]
+    limited = after["rate_limited"] - before["rate_limited"]
+    return {"worker": kind, "jobs": count, "completed": done, "span_s": round(span, 3),
+            "jobs_per_s": round(done / span, 2) if span else 0.0, "exit_code": code,
+            "requests": reqs, "requests_per_job": round(reqs / max(1, done), 3),
+            "rate_limited": limited, "rate_limited_per_100_jobs": round(100.0 * limited / max(1, done), 2),
+            "reserve_wait_ms": st.get("reserve_wait_ms"), "parent_requests_per_job": st.get("requests_per_job"),
+            "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1)}
+
+
+def latency_section(args, tmp: str) -> list[dict]:
+    rows = []
+    for delay in args.delays:
+        server = DevServer(tmp, ("--fault-delay-ms", str(delay)), name=f"lat{delay}").start()
+        try:
+            for ms in args.ms:
+                count = max(4 * CORES, int(args.seconds * CORES * 1000 / ms))
+                ideal = CORES * 1000.0 / ms
+                for kind, extra in (("ours", ()), ("prefetch0", ("--prefetch", "0")), ("sdk", ())):
+                    if kind == "sdk" and args.no_sdk:
+                        continue
+                    queue = f"lat-{delay}-{int(ms)}-{kind}"
+                    log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}")
+                    payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
+                    r = run_worker(kind, server, tmp, queue, payload, count, CORES, extra)
+                    r.update({"api_delay_ms": delay, "job_ms": ms, "efficiency": round(r["jobs_per_s"] / ideal, 4)})
+                    rows.append(r)
+        finally:
+            server.stop()
+    return rows
+
+
+def fleet_section(args, tmp: str) -> dict:
+    delay, secs, per = 20, 2.0, CORES
+    server = DevServer(tmp, ("--fault-delay-ms", str(delay)), name="fleet").start()
+    daemons = []
+    try:
+        queue = "fleet"
+        count = args.fleet_jobs
+        ids = server.enqueue(queue, {"sleep_s": secs}, count)
+        db = Db(server.db)
+        for i in range(2):
+            daemons.append(Daemon(server, tmp, queue, per, 0.1, worker_id=f"fleet-{i}"))
+        for d in daemons:
+            d.start()
+        wait_done(db, queue, len(ids), 120 + count * secs, lambda: all(d.alive() for d in daemons))
+        done, span = db.span(queue)
+        split = db.by_worker(queue)
+    finally:
+        for d in daemons:
+            d.stop()
+        server.stop()
+    slots = 2 * per
+    ideal = -(-count // slots) * secs
+    return {"daemons": 2, "procs_each": per, "jobs": count, "job_s": secs, "api_delay_ms": delay,
+            "completed": done, "makespan_s": round(span, 3), "ideal_makespan_s": ideal,
+            "makespan_over_ideal": round(span / ideal, 4), "split": split}
+
+
+def budget_section(args, tmp: str) -> list[dict]:
+    rows = []
+    for rps in args.rates:
+        server = DevServer(tmp, ("--rate-limit", str(rps), "--rate-burst", str(2 * rps)), name=f"rate{rps}").start()
+        try:
+            count = max(40, int(rps * args.budget_seconds))
+            for kind in ("ours", "sdk"):
+                if kind == "sdk" and args.no_sdk:
+                    continue
+                queue = f"rate-{rps}-{kind}"
+                log(f"budget {rps} req/s, {count} jobs of 20 ms: {kind}")
+                r = run_worker(kind, server, tmp, queue, {"ms": 20}, count, CORES, settle=2.0 + 2 * count / 100 / rps)
+                r.update({"rate_limit_rps": rps})
+                rows.append(r)
+        finally:
+            server.stop()
+    return rows
+
+
+def table(result: dict) -> str:
+    out = []
+    if result.get("latency"):
+        out.append("API latency (efficiency = jobs/s / (cores / d)):")
+        out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'jobs/s':>8} {'eff':>6} {'reserve p50/p99 ms':>20}")
+        for r in result["latency"]:
+            w = r.get("reserve_wait_ms") or {}
+            rw = f"{w.get('p50', '-')}/{w.get('p99', '-')}" if w else "-"
+            out.append(f"{r['api_delay_ms']:>6} {r['job_ms']:>5g} {r['worker']:>10} {r['jobs_per_s']:>8} "
+                       f"{r['efficiency']:>6} {rw:>20}")
+    if result.get("fleet"):
+        f = result["fleet"]
+        out.append(f"fleet: 2 daemons x {f['procs_each']}, {f['jobs']} jobs of {f['job_s']} s at "
+                   f"{f['api_delay_ms']} ms:"
+                   f" makespan {f['makespan_s']} s / ideal {f['ideal_makespan_s']} s = {f['makespan_over_ideal']}; "
+                   f"split {f['split']}")
+    if result.get("budget"):
+        out.append("Request budget (20 ms jobs; requests counted by the server):")
+        out.append(f"{'rps':>5} {'worker':>7} {'jobs/s':>8} {'req/job':>8} {'429/100 jobs':>13}")
+        for r in result["budget"]:
+            out.append(f"{r['rate_limit_rps']:>5} {r['worker']:>7} {r['jobs_per_s']:>8} {r['requests_per_job']:>8} "
+                       f"{r['rate_limited_per_100_jobs']:>13}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="latency,fleet,budget")
+    ap.add_argument("--delays", default="0,20,50")
+    ap.add_argument("--ms", default="5,20,100")
+    ap.add_argument("--rates", default="5,25,100")
+    ap.add_argument("--seconds", type=float, help="ideal seconds of work per latency row (default 4, quick 1.5)")
+    ap.add_argument("--budget-seconds", type=float, help="seconds of plan budget per budget row (default 20, quick 8)")
+    ap.add_argument("--fleet-jobs", type=int, help="jobs in the fleet run (default 24, quick 12)")
+    ap.add_argument("--no-sdk", action="store_true", help="skip the SDK worker rows")
+    ap.add_argument("--sleep", action="store_true", help="latency rows sleep d ms instead of burning CPU (a loaded "
+                    "machine then measures the pipeline, not the cores)")
+    ap.add_argument("--json", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    args.delays = [int(x) for x in args.delays.split(",")]
+    args.ms = [float(x) for x in args.ms.split(",")]
+    args.rates = [int(x) for x in args.rates.split(",")]
+    args.seconds = args.seconds or (1.5 if args.quick else 4.0)
+    args.budget_seconds = args.budget_seconds or (8.0 if args.quick else 20.0)
+    args.fleet_jobs = args.fleet_jobs or (12 if args.quick else 24)
+    sections = set(args.sections.split(","))
+    result: dict = {"machine": machine(), "command": " ".join(["python", "benchmarks/bench_api.py", *sys.argv[1:]])}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
+        if "latency" in sections:
+            result["latency"] = latency_section(args, tmp)
+        if "fleet" in sections:
+            result["fleet"] = fleet_section(args, tmp)
+        if "budget" in sections:
+            result["budget"] = budget_section(args, tmp)
+    result["elapsed_s"] = round(time.monotonic() - started, 1)
+    print(table(result))
+    print(json.dumps(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

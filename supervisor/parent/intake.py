@@ -1,0 +1,92 @@
+"""How many jobs to claim, and when: claim just ahead of need (issue 10), in batches (issue 16).
+
+Pure decisions on numbers the job flow measures; no I/O. The idea is Little's law: a child that
+will be free within about one claim round trip should find a job waiting, so the reserve of
+claimed-but-not-started jobs covers the round trip and no more. Jobs much longer than a round
+trip are never reserved (their children are claimed for when idle, as with no prefetch), so a
+fleet of daemons shares long jobs as evenly as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MAX_CLAIM = 100  # the API's largest `limit`
+HORIZON_RTTS = 2.0  # claim for children that will be free within this many round trips
+HORIZON_SLACK = 0.005  # seconds added to the horizon: the loop turn, the frame to the child
+CLAIM_SHARE = 0.15  # under a known request rate, claims may use this share of it
+SETTLE_SHARE = 0.85  # ... and jobs (one complete each) the rest
+
+
+class Ewma:
+    """An exponentially weighted moving average; `value` is None until the first sample."""
+
+    def __init__(self, alpha: float = 0.2):
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the job flow knows when it decides to claim."""
+
+    idle: int  # idle children now
+    waiting: int  # jobs claimed and not yet started
+    remaining: tuple[float, ...]  # for each busy child, its job's expected time left (s); unknown: inf
+    procs: int  # children in the pool
+    rtt: float | None  # claim round trip estimate (s)
+    run_time: float | None  # job run time estimate (s), across the queues served
+    prefetch: int | None  # None = auto; 0 = only for idle children; N = at most N reserved
+    rate: float | None  # requests/s the daemon may spend, if known
+
+
+def horizon(rtt: float | None) -> float:
+    return HORIZON_RTTS * rtt + HORIZON_SLACK if rtt is not None else 0.0
+
+
+def starts_within(h: float, n: Need) -> int:
+    """Jobs the children will start within `h` seconds: an idle child one now and one after each run,
+    a busy child one when its job ends (if within `h`) and one after each run from then."""
+    run = max(n.run_time or 0.0, 1e-4)
+    total = n.idle * (1 + math.floor(h / run))
+    for left in n.remaining:
+        if left <= h:
+            total += 1 + math.floor((h - left) / run)
+    return total
+
+
+def claim_size(n: Need) -> int:
+    """How many jobs one claim should ask for now; 0 = do not claim.
+
+    Claim when the jobs waiting will not last the horizon (the children will start more than that
+    within two round trips), and ask for the horizon's starts plus a batch: one more horizon of
+    starts, or, under a request budget, the starts between the claims the budget can afford."""
+    if n.prefetch == 0 or n.rtt is None or n.run_time is None:
+        return max(0, min(MAX_CLAIM, n.idle - n.waiting))
+    h = horizon(n.rtt)
+    need = starts_within(h, n)
+    if n.waiting >= need:
+        return 0
+    starts = n.procs / max(n.run_time, 1e-4)  # jobs started per second with every child busy
+    window = h  # the batch: one more horizon of starts (none for jobs longer than the horizon)...
+    if n.rate:  # ...or, under a request budget, the gap between the claims it can afford
+        starts = min(starts, SETTLE_SHARE * n.rate)
+        window = max(window, 1.0 / (CLAIM_SHARE * n.rate))
+    want = need + math.floor(starts * window) - n.waiting
+    if n.prefetch is not None:
+        want = min(want, n.prefetch + n.idle - n.waiting)
+    return max(0, min(MAX_CLAIM, want))
+
+
+def next_need_at(now: float, starts_left: tuple[float, ...], rtt: float | None) -> float | None:
+    """When the next busy child comes within the horizon (`starts_left`: expected seconds left of each
+    busy child's job), so the loop wakes to claim for it; None if no estimate."""
+    if rtt is None or not starts_left:
+        return None
+    ahead = [left - horizon(rtt) for left in starts_left if left != math.inf]
+    future = [a for a in ahead if a > 0]
+    return now + min(future) if future else None
