@@ -26,7 +26,8 @@ K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = ROOT / "tests" / "schemas"
 K8S_VERSIONS = ["1.27.0", latest_version()]
 KILL_GRACE = 3.0
-CRD_FILES = {"ScaledObject": "keda.sh_scaledobjects.yaml", "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
+CRD_FILES = {"ScaledObject": "keda.sh_scaledobjects.yaml",
+             "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
 
 
 def load_docs(name: str) -> list[dict]:
@@ -169,7 +170,8 @@ def test_bearer_token_comes_from_the_existing_secret():
     assert ref["parameter"] in ("token", "bearerToken")  # KEDA's names for the bearer token
     assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
     pod = one("deployment.yaml", "Deployment")["spec"]["template"]["spec"]
-    mounted = {v["secret"]["secretName"]: [i["key"] for i in v["secret"]["items"]] for v in pod["volumes"] if "secret" in v}
+    mounted = {v["secret"]["secretName"]: [i["key"] for i in v["secret"]["items"]]
+               for v in pod["volumes"] if "secret" in v}
     assert ref["key"] in mounted[ref["name"]]  # the very key the workers use
     for trigger in scaled_object()["spec"]["triggers"]:
         assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
