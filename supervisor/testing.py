@@ -180,26 +180,27 @@ class DevServer:
         """Start it and wait until `/health/ready` answers 200; raises SpooledTestError otherwise."""
         cmd = [sys.executable, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0",
                "--db", self.db_path, "--lease-sweep-interval", "0.2", *self.extra_args]
-        self.proc = subprocess.Popen(cmd, env=_child_env(SPOOLED_API_KEY=self.api_key), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._out = _OutputPump(self.proc.stdout)
+        proc = self.proc = subprocess.Popen(cmd, env=_child_env(SPOOLED_API_KEY=self.api_key),
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True)
+        self._out = _OutputPump(proc.stdout)
         try:
-            found = self._out.wait_for(r"listening on (http://\S+)", timeout, lambda: self.proc.poll() is None)
+            found = self._out.wait_for(r"listening on (http://\S+)", timeout, lambda: proc.poll() is None)
             if found is None:
                 raise SpooledTestError("the dev server did not start:\n" + self._out.tail())
             self.url = found.group(1)
-            self._wait_ready(time.monotonic() + timeout)
+            self._wait_ready(proc, time.monotonic() + timeout)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen, deadline: float) -> None:
         while True:
             with contextlib.suppress(requests.RequestException):
                 if self._http.get(self.url + "/health/ready", timeout=2).status_code == 200:
                     return
-            if time.monotonic() > deadline or self.proc.poll() is not None:
+            if time.monotonic() > deadline or proc.poll() is not None:
                 raise SpooledTestError("the dev server never became ready:\n" + self.output())
             time.sleep(0.05)
 
