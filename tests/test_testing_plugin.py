@@ -102,6 +102,8 @@ def test_the_fixture_yields_a_server_with_a_client(spooled_dev_server):
     (done,) = spooled_dev_server.run_jobs(MISBEHAVE, [{"do": "echo", "v": 1}])
     assert done.ok and done.result["echo"] == {"do": "echo", "v": 1}
     assert spooled_dev_server.wait([done.id], timeout=5)[0]["status"] == "completed"
+    worker = spooled_dev_server.worker(done.record["assigned_worker_id"])
+    assert worker["status"] == "offline" and worker["jobs_processed"] == 1  # the daemon deregistered on SIGTERM
 
 
 def test_run_jobs_returns_what_the_real_children_did_in_payload_order(spooled_dev_server):
