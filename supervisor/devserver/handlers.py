@@ -312,6 +312,23 @@ def dlq_purge(app, req):
 
 
 # ---------- queues ----------
+def list_queues(app, req):
+    return 200, app.store.list_queues(req.org), None
+
+
+def _queue_name_param(name: str) -> str:
+    """The real server's check on the `{name}` of queue read routes: 400 BAD_REQUEST, not VALIDATION_ERROR."""
+    if not name or len(name.encode()) > 100:  # bytes, as the server counts them
+        raise ApiError(400, "BAD_REQUEST", "Invalid queue name length")
+    if not all(c.isalnum() or c in "-_." for c in name):
+        raise ApiError(400, "BAD_REQUEST", "Queue name contains invalid characters")
+    return name
+
+
+def queue_stats(app, req):
+    return 200, app.store.queue_stats(req.org, _queue_name_param(req.params["name"])), None
+
+
 def pause_queue(app, req):
     b = body(req, optional=True)
     reason = b.str("reason", False, 0, 1000)

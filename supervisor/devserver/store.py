@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import os
 import random
 import sqlite3
@@ -585,6 +586,46 @@ class Store:
         return out
 
     # ---- queues ----
+    def list_queues(self, org: str) -> list[dict]:
+        """`GET /queues` as the real server answers it: configured queues plus the "implicit" ones that only
+        have jobs (reported with the default config), sorted by name, at most 100 (handlers/queues.rs@v0.1.114)."""
+        rows = self._read("SELECT queue_name, max_retries, default_timeout, rate_limit, enabled FROM queue_config "
+                          "WHERE organization_id=? ORDER BY queue_name LIMIT 100", (org,))
+        out = {r[0]: {"queue_name": r[0], "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],
+                      "default_timeout": DEFAULT_TIMEOUT if r[2] is None else r[2], "rate_limit": r[3],
+                      "enabled": bool(r[4])} for r in rows}
+        for (name,) in self._read("SELECT DISTINCT queue_name FROM jobs WHERE organization_id=? AND queue_name NOT IN "
+                                  "(SELECT queue_name FROM queue_config WHERE organization_id=?) ORDER BY queue_name "
+                                  "LIMIT 100", (org, org)):
+            out.setdefault(name, {"queue_name": name, "max_retries": DEFAULT_MAX_RETRIES,
+                                  "default_timeout": DEFAULT_TIMEOUT, "rate_limit": None, "enabled": True})
+        return [out[name] for name in sorted(out)][:100]
+
+    def queue_stats(self, org: str, queue: str) -> dict:
+        """`GET /queues/{name}/stats` as the real server computes it; an unknown queue gives zeros, not 404.
+
+        pending counts `pending` only (a retry waiting out its back-off is `pending`); failed_jobs_24h counts
+        status `failed`, which no worker path sets (dead-lettered jobs are not in it); the average processing
+        time is over every completed job; max_job_age_seconds is the oldest pending/scheduled job's age, or null.
+        """
+        now = time.time()
+        ((pending, processing, completed, failed, avg_ms, oldest),) = self._read(
+            "SELECT coalesce(sum(status='pending'), 0), coalesce(sum(status='processing'), 0), "
+            "coalesce(sum(status='completed' AND completed_at>?), 0), "
+            "coalesce(sum(status='failed' AND completed_at>?), 0), "
+            "avg(CASE WHEN status='completed' AND completed_at IS NOT NULL AND started_at IS NOT NULL "
+            "THEN (completed_at-started_at)*1000.0 END), "
+            "min(CASE WHEN status IN ('pending','scheduled') THEN created_at END) "
+            "FROM jobs WHERE organization_id=? AND queue_name=?", (now - 86400, now - 86400, org, queue))
+        ((workers,),) = self._read(
+            "SELECT count(*) FROM workers WHERE organization_id=? AND status='healthy' AND (queue_name=? OR EXISTS "
+            "(SELECT 1 FROM json_each(CASE WHEN json_valid(queue_names) THEN queue_names ELSE '[]' END) "
+            "WHERE value=?))", (org, queue, queue))
+        return {"queue_name": queue, "pending_jobs": pending, "processing_jobs": processing,
+                "completed_jobs_24h": completed, "failed_jobs_24h": failed, "avg_processing_time_ms": avg_ms,
+                "max_job_age_seconds": None if oldest is None else int(math.floor(now - oldest + 0.5)),
+                "active_workers": workers}
+
     def _config_dict(self, db, org, queue) -> dict:
         r = db.execute("SELECT id, max_retries, default_timeout, rate_limit, enabled, settings, created_at, "
                        "updated_at FROM queue_config WHERE organization_id=? AND queue_name=?", (org, queue)).fetchone()
