@@ -18,7 +18,7 @@ class DaemonHooks(NullHooks):
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.metrics = DaemonMetrics(queues=[cfg.queue])
+        self.metrics = DaemonMetrics(queues=cfg.queues)
         self.notifier = Notifier.from_env()
         self.notifier.unset_env()  # children must not inherit NOTIFY_SOCKET
         self.health: HealthServer | None = None
@@ -76,3 +76,4 @@ class DaemonHooks(NullHooks):
             snap = self._snapshot()
             self.metrics.inflight.set(snap["inflight"])
             self.metrics.children_alive.set(len(snap["children"]))
+            self.metrics.reserved.set(snap.get("reserved", 0))

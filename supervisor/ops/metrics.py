@@ -226,6 +226,7 @@ class DaemonMetrics:
         self.job_duration = r.histogram(p + "job_duration_seconds", "Time a child spent running a job.", ("queue",), JOB_DURATION_BUCKETS)
         self.inflight = r.gauge(p + "inflight_jobs", "Jobs currently running in children.")
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
+        self.reserved = r.gauge(p + "reserved_jobs", "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
         self.child_restarts = r.counter(p + "child_restarts_total", "Children replaced, by reason.", ("reason",))
         self.lease_renewals = r.counter(p + "lease_renewals_total", "Lease renewals, by outcome.", ("outcome",))
         self.api_requests = r.counter(p + "api_requests_total", "Spooled API requests, by route and HTTP status.", ("route", "status"))

@@ -298,6 +298,10 @@ class Arbiter:
         self.membership.heartbeat_soon(now)  # tell the API `draining` now
 
     def check_drain(self, now: float) -> None:
+        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.jobs.exhausted():
+            log_event(log, INFO, "queues empty and no job in flight: stopping (--until-empty)",
+                      queues=",".join(self.cfg.queues))
+            self.begin_drain(now, exitcodes.OK)
         if self.phase is not Phase.DRAINING:
             return
         if not self.membership.registered and self.membership.register_at is not None:

@@ -104,6 +104,12 @@ class JobFlow:
         at = lambda p: round(1000 * waits[min(len(waits) - 1, int(p * (len(waits) - 1) + 0.5))], 2)  # noqa: E731
         return {"p50": at(0.5), "p99": at(0.99), "samples": len(waits)}
 
+    def exhausted(self) -> bool:
+        """Every queue's last claim found fewer jobs than asked, and nothing is held or being claimed:
+        what `--until-empty` waits for."""
+        return (not self.inflight.jobs and not self.claim_inflight
+                and all(q.empty_claims > 0 for q in self.queues.values()))
+
     def reserved(self) -> int:
         """Jobs claimed and not yet started: the reserve."""
         return len(self.inflight.waiting())
