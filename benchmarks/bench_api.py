@@ -126,6 +126,8 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
             "jobs_per_s": round(done / span, 2) if span else 0.0, "exit_code": code,
             "requests": reqs, "requests_per_job": round(reqs / max(1, done), 3),
             "rate_limited": limited, "rate_limited_per_100_jobs": round(100.0 * limited / max(1, done), 2),
+            "by_route": {k: v - before["by_route"].get(k, 0) for k, v in after["by_route"].items()
+                         if v - before["by_route"].get(k, 0)},
             "reserve_wait_ms": st.get("reserve_wait_ms"), "parent_requests_per_job": st.get("requests_per_job"),
             "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1)}
 

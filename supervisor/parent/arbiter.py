@@ -158,12 +158,10 @@ class Arbiter:
         """The earliest deadline of any part (never later than a second from now)."""
         idle = len(self.pool.idle_children())
         may_claim = self.may_claim()
-        claim_gate = self.pacer.claim_ready_at(now) if may_claim else None
-        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle),
+        claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
+        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
                  self.pacer.next_deadline(now)]
-        if claim_gate is not None and claim_gate > now:
-            times.append(claim_gate)
         if self.next_title_at > now:
             times.append(self.next_title_at)
         if self.http.results:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 MAX_CLAIM = 100  # the API's largest `limit`
 HORIZON_RTTS = 2.0  # claim for children that will be free within this many round trips
 HORIZON_SLACK = 0.005  # seconds added to the horizon: the loop turn, the frame to the child
-CLAIM_SHARE = 0.15  # under a known request rate, claims may use this share of it
-SETTLE_SHARE = 0.85  # ... and jobs (one complete each) the rest
+CLAIM_SHARE = 0.1  # under a known request rate, claims may use this share of it
+SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
 
 
 class Ewma:

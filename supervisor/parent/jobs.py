@@ -79,19 +79,20 @@ class JobFlow:
     def drained(self) -> bool:
         return not self.inflight.jobs and not self.claim_inflight
 
-    def next_deadline(self, now: float, may_claim: bool, idle: int) -> float | None:
+    def next_deadline(self, now: float, may_claim: bool, idle: int, claim_gate: float = 0.0) -> float | None:
         """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
         (when `may_claim`: registered and running) the next claim: now-ish when children are idle, or
-        when the next busy child comes within the claim horizon."""
+        when the next busy child comes within the claim horizon; never before `claim_gate` (the
+        request budget's say)."""
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
-            soonest = min(q.next_claim_at for q in self.queues.values())
+            soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
             if idle > len(self.inflight.waiting()):
-                times.append(max(soonest, self.claim_not_before))
+                times.append(soonest)
             elif self.cfg.prefetch != 0:
                 need_at = next_need_at(now, self._busy_remaining(now), self.claim_rtt.value)
                 if need_at is not None:
-                    times.append(max(need_at, soonest, self.claim_not_before))
+                    times.append(max(need_at, soonest))
         if self.unsent:
             times.append(0.0)
         return min(times) if times else None
