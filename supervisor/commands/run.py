@@ -75,6 +75,10 @@ def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable
     seen = identity.other_live_instance(row, own["instance_id"], wall(), interval)
     if seen is None:
         return None
+    if identity.predecessor_gone(row, own):
+        log_event(log, INFO, "the previous instance on this host is gone; taking the worker id over",
+                  worker_id=cfg.worker_id, previous=seen)
+        return None
     watch = identity.watch_deadline(interval)
     log_event(log, INFO, "worker id has a recent heartbeat from another instance; watching whether it is alive",
               worker_id=cfg.worker_id, other=seen, watch_secs=watch)

@@ -13,11 +13,13 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 DEFAULT_HEARTBEAT_INTERVAL = 10.0  # the API's default (CONTRACT §3.1), used when the row does not say
 RECENT_INTERVALS = 2.0  # a heartbeat this many intervals old or newer is recent
-WAIT_INTERVALS = 1.25  # watch a recent heartbeat this many intervals for it to advance
+WAIT_INTERVALS = 1.25  # watch a recent heartbeat this many intervals (plus WAIT_SLACK) for it to advance
+WAIT_SLACK = 1.0
 MAX_WAIT = 60.0
 
 _instance: dict | None = None
@@ -25,13 +27,79 @@ _instance: dict | None = None
 
 def instance_metadata(now: float | None = None) -> dict:
     """This process's identity, made once (at the first call, `now` = wall-clock start time):
-    `{"host", "pid", "started_at" (RFC 3339 UTC), "instance_id" (random)}`. Always the same dict contents."""
+    `{"host", "pid", "started_at" (RFC 3339 UTC), "instance_id" (random)}` plus `boot_id`, `pid_ns` and
+    `pid_start` (kernel boot, pid namespace, process start tick) so that a successor in the same pid
+    namespace can tell at once that this process is gone. Always the same dict contents."""
     global _instance
     if _instance is None:
         started = time.time() if now is None else now
         _instance = {"host": socket.gethostname(), "pid": os.getpid(), "started_at": rfc3339(started),
-                     "instance_id": secrets.token_hex(8)}
+                     "instance_id": secrets.token_hex(8), **local_facts()}
     return dict(_instance)
+
+
+def local_facts(pid: int | None = None) -> dict:
+    """`boot_id`, `pid_ns` and `pid_start` of this process (or of `pid`'s start tick); None where unreadable."""
+    return {"boot_id": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": _readlink("/proc/self/ns/pid"),
+            "pid_start": process_start(os.getpid() if pid is None else pid)}
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def _readlink(path: str) -> str | None:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_gone(pid: int, start: int | None) -> bool:
+    """True only if process `pid` (started at tick `start`) certainly no longer exists in this pid namespace:
+    kill(pid, 0) says ESRCH, or the pid now belongs to a process started at another tick. A process we may
+    not signal or read (another user, hidden /proc) is not gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    now_start = process_start(pid)
+    return start is not None and now_start is not None and now_start != start
+
+
+def predecessor_gone(worker_row: dict | None, here: dict,
+                     gone: Callable[[int, int | None], bool] = process_gone) -> bool:
+    """True if the row's instance ran in this very pid namespace of this kernel boot (`here` is
+    `instance_metadata()`) and its process is gone: a restart on the same host after a crash or SIGKILL,
+    which need not wait for the heartbeat to go stale. False whenever that cannot be known for sure."""
+    meta = row_metadata(worker_row)
+    pid = meta.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if not here.get("boot_id") or not here.get("pid_ns"):
+        return False
+    if meta.get("boot_id") != here["boot_id"] or meta.get("pid_ns") != here["pid_ns"]:
+        return False
+    if pid == here.get("pid"):
+        return True  # our own pid, but not our instance: the process it named is gone
+    start = meta.get("pid_start")
+    return gone(pid, start if isinstance(start, int) else None)
 
 
 def rfc3339(t: float) -> str:
@@ -96,7 +164,7 @@ def heartbeat_advanced(before: dict | None, after: dict | None) -> bool:
 
 def watch_deadline(heartbeat_interval: float) -> float:
     """Seconds to watch a recent foreign heartbeat for it to advance before taking the row over."""
-    return min(MAX_WAIT, WAIT_INTERVALS * heartbeat_interval)
+    return min(MAX_WAIT, WAIT_INTERVALS * heartbeat_interval + WAIT_SLACK)
 
 
 def taken_over_by(worker_row: dict | None, own: dict) -> str | None:
