@@ -22,6 +22,7 @@ import yaml
 from conftest import PY, ROOT, Daemon, DevServer, parse_ts, wait_for_status, wait_until
 
 from supervisor import exitcodes
+from supervisor.parent.childproc import Child, kill_group, signal_child
 
 HANDLER = "tests.handlers_hosts:handle"
 DONE = ("completed", "failed", "deadletter")
@@ -163,6 +164,40 @@ def test_sigkill_mid_job_leaves_nothing_in_the_childs_group(dev_server, daemon_f
                what="the child and both sleeps to be gone after the daemon's SIGKILL")
 
 
+def fake_child(pid: int) -> Child:
+    return Child(slot=0, proc=None, chan=None, started_at=0.0, pid=pid)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(30)
+def test_signal_child_signals_the_group_of_a_leader_and_only_the_pid_otherwise(marker):
+    env = dict(os.environ, HOSTS_TEST_MARKER=marker)
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & wait"], env=env, start_new_session=True)
+    wait_until(lambda: len(marked(marker)) == 2, timeout=5, what="sh and its sleep")
+    signal_child(fake_child(leader.pid), signal.SIGTERM)
+    assert leader.wait(5) == -signal.SIGTERM
+    wait_until(lambda: not marked(marker), timeout=5, what="the whole group to be gone")
+    # Not a group leader (a child that has not called setpgid yet): only that pid, never its group (ours here).
+    lone = subprocess.Popen(["sleep", "300"], env=env)
+    signal_child(fake_child(lone.pid), signal.SIGTERM)
+    assert lone.wait(5) == -signal.SIGTERM
+
+
+@pytest.mark.timeout(30)
+def test_kill_group_stops_and_logs_what_a_finished_childs_group_left(marker, caplog):
+    env = dict(os.environ, HOSTS_TEST_MARKER=marker)
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 301 & exit 0"], env=env, start_new_session=True)
+    assert leader.wait(5) == 0
+    wait_until(lambda: len(marked(marker)) == 2, timeout=5, what="the two sleeps left behind")
+    with caplog.at_level("WARNING", logger="supervisor"):
+        left = kill_group(fake_child(leader.pid))
+    assert len(left) == 2
+    wait_until(lambda: not marked(marker), timeout=5, what="the leftovers to be SIGKILLed")
+    msg = "stopping processes left in a finished child's process group"
+    (record,) = [r for r in caplog.records if r.getMessage() == msg]
+    assert sorted(p.split(" ", 1)[1] for p in record.fields["processes"]) == ["sleep: sleep 300", "sleep: sleep 301"]
+    assert kill_group(fake_child(leader.pid)) == []  # nothing left: nothing done
+
+
 SUBREAPER_SCRIPT = r"""
 import multiprocessing, os, subprocess, sys, time
 from supervisor.parent import childproc, orphans
@@ -195,10 +230,9 @@ print("OK")
 
 
 @pytest.mark.timeout(60)
-def test_the_subreaper_adopts_orphans_and_reaps_only_them(tmp_path, marker):
-    script = tmp_path / "subreaper.py"
-    script.write_text(SUBREAPER_SCRIPT)
-    out = subprocess.run([PY, str(script), marker], cwd=ROOT, capture_output=True, text=True, timeout=50)
+def test_the_subreaper_adopts_orphans_and_reaps_only_them(marker):
+    """In a fresh interpreter (a subreaper pytest would adopt every test's orphans)."""
+    out = subprocess.run([PY, "-c", SUBREAPER_SCRIPT, marker], cwd=ROOT, capture_output=True, text=True, timeout=50)
     assert out.returncode == 0 and out.stdout.strip() == "OK", out.stdout + out.stderr
     assert not marked(marker)
 

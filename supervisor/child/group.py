@@ -21,10 +21,13 @@ KEEPER_TITLE = "spooled-supervisor: keeper of child"
 POLL = 0.05
 
 
-def lead_own_group() -> int:
-    """Make this process the leader of a new process group (its pgid becomes its pid); return it."""
-    os.setpgid(0, 0)
-    return os.getpgid(0)
+def lead_own_group() -> bool:
+    """Make this process the leader of a new process group (its pgid becomes its pid); True if it is."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    return os.getpgid(0) == os.getpid()
 
 
 def group_members(pgid: int, exclude: frozenset[int] = frozenset()) -> list[int]:
@@ -52,8 +55,11 @@ def _prctl(option: int, arg: int) -> None:
 
 def start_keeper(slot: int, grace: float) -> int | None:
     """Fork the keeper of this process's group (call right after `lead_own_group`, before any handler
-    code and before any thread); return its pid, or None if it could not be started."""
+    code and before any thread); return its pid, or None if it could not be started. Never starts one
+    in a group this process does not lead: it would empty the daemon's group."""
     child_pid = os.getpid()
+    if os.getpgid(0) != child_pid:
+        return None
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
     try:
         pid = os.fork()
@@ -87,7 +93,8 @@ def _keep(child_pid: int, slot: int, grace: float) -> None:
         return
     if os.getppid() == child_pid:  # not dead yet: wait until it is
         signal.sigwait({signal.SIGUSR2})
-    empty_group(os.getpgid(0), grace, exclude=frozenset({os.getpid()}))
+    if os.getpgid(0) == child_pid:
+        empty_group(child_pid, grace, exclude=frozenset({os.getpid()}))
 
 
 def empty_group(pgid: int, grace: float, exclude: frozenset[int] = frozenset()) -> None:

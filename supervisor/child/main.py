@@ -104,12 +104,13 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,
                parent_pid: int, group_grace: float = 3.0) -> None:
     """Entry point run by the forkserver for each child."""
-    group.lead_own_group()  # first: until then the parent signals this pid alone
+    leader = group.lead_own_group()  # first: until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
-    group.start_keeper(slot, group_grace)
+    if leader:
+        group.start_keeper(slot, group_grace)
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
