@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import resource
 import signal
 import time
 
@@ -80,7 +81,7 @@ def _keep(child_pid: int, slot: int, grace: float) -> None:
     """The keeper's whole life: wait for the child to die, then empty the group."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(sig, signal.SIG_IGN)
-    os.closerange(3, 65536)  # never hold the child's socket or anything else open
+    os.closerange(3, _fd_limit())  # never hold the child's socket or anything else open
     try:
         import setproctitle
 
@@ -95,6 +96,11 @@ def _keep(child_pid: int, slot: int, grace: float) -> None:
         signal.sigwait({signal.SIGUSR2})
     if os.getpgid(0) == child_pid:
         empty_group(child_pid, grace, exclude=frozenset({os.getpid()}))
+
+
+def _fd_limit() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if 0 < soft <= 1 << 20 else 1 << 20
 
 
 def empty_group(pgid: int, grace: float, exclude: frozenset[int] = frozenset()) -> None:

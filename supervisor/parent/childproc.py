@@ -17,7 +17,7 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from logging import WARNING
-from multiprocessing import forkserver
+from multiprocessing import forkserver, resource_tracker
 
 import psutil
 
@@ -189,8 +189,6 @@ def job_quota(max_jobs: int) -> int:
 def multiprocessing_helper_pids() -> set[int]:
     """Pids of the daemon's own children that multiprocessing waits for itself (the forkserver and the
     resource tracker): nobody else may reap them (supervisor.parent.orphans excludes them)."""
-    from multiprocessing import resource_tracker
-
     pids = {getattr(forkserver._forkserver, "_forkserver_pid", None),
             getattr(resource_tracker._resource_tracker, "_pid", None)}
     return {p for p in pids if p}
