@@ -60,6 +60,14 @@ def marked(marker: str) -> dict[int, tuple[str, int, int]]:
     return found
 
 
+def comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def zombie_children(pid: int) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
@@ -187,7 +195,8 @@ def test_kill_group_stops_and_logs_what_a_finished_childs_group_left(marker, cap
     env = dict(os.environ, HOSTS_TEST_MARKER=marker)
     leader = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 301 & exit 0"], env=env, start_new_session=True)
     assert leader.wait(5) == 0
-    wait_until(lambda: len(marked(marker)) == 2, timeout=5, what="the two sleeps left behind")
+    wait_until(lambda: sorted(comm(pid) for pid in marked(marker)) == ["sleep", "sleep"], timeout=5,
+               what="the two sleeps left behind (exec'd, not still a forked sh)")
     with caplog.at_level("WARNING", logger="supervisor"):
         left = kill_group(fake_child(leader.pid))
     assert len(left) == 2
