@@ -109,6 +109,9 @@ def test_a_timed_out_job_leaves_no_process_behind(dev_server, daemon_factory, ma
     assert done["status"] == "deadletter" and done["last_error"].startswith("JobTimeout"), done
     wait_until(lambda: not marked(marker), timeout=10, what="every sleep the handler started to be gone")
     wait_until(lambda: not zombie_children(d.proc.pid), timeout=5, what="the daemon to reap what it adopted")
+    (logged,) = d.events("stopping a child with the processes in its group")
+    assert logged["reason"] == "timeout" and logged["child_pid"] == child
+    assert sorted(int(p.split()[0]) for p in logged["processes"]) == sorted(procs), logged
     after = dev_server.enqueue("hosts", {"do": "quick"})
     assert wait_for_status(dev_server, [after], timeout=15)[0]["status"] == "completed"
     assert d.proc.poll() is None
@@ -123,6 +126,8 @@ def test_a_child_that_exits_normally_takes_its_background_processes_along(dev_se
     # The child is recycled after its one job (a clean exit, no signal): its group's leftovers go with it.
     wait_until(lambda: not marked(marker), timeout=10, what="the sleeps of a recycled child to be gone")
     wait_until(lambda: d.events("replacing child"), timeout=5, what="the recycled child")
+    (logged,) = d.events("stopping a child with the processes in its group")
+    assert logged["reason"] == "max_jobs" and len(logged["processes"]) == 2, logged
     assert d.proc.poll() is None
 
 

@@ -120,6 +120,7 @@ class Child:
         self.stop_reason = reason
         self.job_id = None
         self.kill_at = now + grace
+        log_group_members(self, reason)
         if graceful:
             try:
                 self.chan.send({"t": "stop"})
@@ -229,6 +230,22 @@ def signal_child(child: Child, sig: int) -> None:
             os.kill(child.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def group_besides_child(child: Child) -> list[str]:
+    """The processes in the child's group other than the child and its keeper, described for a log line."""
+    if not child.pid or not leads_group(child.pid):
+        return []
+    described = [describe_pid(pid) for pid in group_members(child.pid, exclude=frozenset({child.pid}))]
+    return [d for d in described if KEEPER_TITLE not in d]
+
+
+def log_group_members(child: Child, reason: str) -> None:
+    """Log what will be stopped along with the child, when its handler left anything in its group."""
+    others = group_besides_child(child)
+    if others:
+        log_event(log, WARNING, "stopping a child with the processes in its group", slot=child.slot,
+                  child_pid=child.pid, reason=reason, processes=others)
 
 
 def kill_group(child: Child) -> list[int]:
