@@ -104,3 +104,74 @@ def test_instance_metadata_is_made_once_per_process():
 def test_the_in_use_line_names_the_fix():
     line = identity.in_use_message("web-1", "instance x on host h, pid 1, started s")
     assert "\n" not in line and "--worker-id" in line and "SPOOLED_WORKER_ID" in line and "'web-1'" in line
+
+
+# --- the pre-register check in commands/run.py, with a fake API and a fake clock -------------------------
+
+class FakeAPI:
+    """Answers GET /api/v1/workers/{id} from a function of the fake time; counts the calls."""
+
+    def __init__(self, clock, answer):
+        self.clock, self.answer, self.calls = clock, answer, 0
+
+    def get(self, path: str):
+        self.calls += 1
+        result = self.answer(self.clock.now)
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def sleep(self, secs: float) -> None:
+        self.now += secs
+
+
+def check(answer, own=None):
+    from types import SimpleNamespace
+
+    from supervisor.commands.run import worker_id_in_use
+
+    clock = FakeClock()
+    api = FakeAPI(clock, answer)
+    cfg = SimpleNamespace(worker_id="w")
+    result = worker_id_in_use(api, cfg, own or OURS, sleep=clock.sleep, wall=lambda: T0 + clock.now,
+                              clock=lambda: clock.now)
+    return result, clock.now, api.calls
+
+
+def live_row(started: float, interval: float = 2.0):
+    """A row whose owner heartbeats every `interval` seconds of fake time, the last one at `started`."""
+    def answer(now):
+        beats = int((now + 0.5) // interval)
+        return row(-(started + beats * interval), heartbeat_interval=interval)
+    return answer
+
+
+def test_api_trouble_before_registering_never_blocks_the_start():
+    from supervisor.client.rest import Unavailable
+
+    result, waited, calls = check(lambda now: Unavailable(0, "CONNECTION_REFUSED", "down"))
+    assert (result, waited, calls) == (None, 0.0, 1)
+
+
+def test_an_advancing_heartbeat_is_a_live_daemon_found_within_one_interval():
+    result, waited, calls = check(live_row(-0.5))
+    assert result is not None and "instance theirs" in result
+    assert waited <= 2.0 + 0.5  # found at the first heartbeat after the first read
+
+
+def test_a_heartbeat_that_does_not_advance_is_taken_over_after_the_watch():
+    frozen = row(1.0, heartbeat_interval=2.0)
+    result, waited, calls = check(lambda now: frozen)
+    assert result is None
+    assert waited == identity.watch_deadline(2.0) == 3.5 and calls > 2
+
+
+def test_a_row_deregistered_during_the_watch_is_free():
+    result, waited, _ = check(lambda now: row(1.0, heartbeat_interval=2.0, ) if now < 1 else
+                              row(1.0, status="offline", heartbeat_interval=2.0))
+    assert result is None and waited < 2.0

@@ -64,7 +64,7 @@ def _reap_adopted(signum, frame) -> None:
 
 
 def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable[[float], None] = time.sleep,
-                     wall: Callable[[], float] = time.time) -> str | None:
+                     wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic) -> str | None:
     """Before registering: describe another live daemon on our worker id, or None to go ahead.
 
     A recent heartbeat from another instance is watched for up to about one heartbeat interval: if it
@@ -82,10 +82,10 @@ def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable
     watch = identity.watch_deadline(interval)
     log_event(log, INFO, "worker id has a recent heartbeat from another instance; watching whether it is alive",
               worker_id=cfg.worker_id, other=seen, watch_secs=watch)
-    deadline = time.monotonic() + watch
+    deadline = clock() + watch
     step = max(0.2, min(1.0, interval / 4))
-    while time.monotonic() < deadline:
-        sleep(min(step, max(0.0, deadline - time.monotonic())))
+    while clock() < deadline:
+        sleep(min(step, max(0.0, deadline - clock())))
         later = _read_row(client, cfg.worker_id)
         if later is None or later.get("status") == "offline":
             return None
