@@ -1,9 +1,10 @@
 """A child process: import the handler once, then run jobs sent by the parent, one at a time.
 
 Started by the multiprocessing forkserver (a clean single-threaded process), never forked
-from the threaded parent. It ignores SIGINT (a terminal's Ctrl-C reaches the whole group;
-the parent decides), dies with SIGKILL when its parent process dies (PR_SET_PDEATHSIG), and
-exits when the parent's end of the socket closes.
+from the threaded parent. It leads its own process group (the parent signals the whole group to
+stop it), with a keeper process that empties the group once the child is gone
+(supervisor.child.group); it ignores SIGINT (the parent decides), dies with SIGKILL when its
+parent process dies (PR_SET_PDEATHSIG), and exits when the parent's end of the socket closes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import traceback
 
 import orjson
 
-from supervisor.child import wire
+from supervisor.child import group, wire
 from supervisor.child.handler import JobContext, call_handler, load_handler
 
 BOOT_ERROR_EXIT = 3
@@ -100,12 +101,16 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
 
 
-def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int, parent_pid: int) -> None:
+def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,
+               parent_pid: int, group_grace: float = 3.0) -> None:
     """Entry point run by the forkserver for each child."""
+    leader = group.lead_own_group()  # first: until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
+    if leader:
+        group.start_keeper(slot, group_grace)
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")

@@ -2,25 +2,40 @@
 
 Children come from the multiprocessing forkserver (started before the parent has any
 thread), so none is ever forked from a threaded process. Each has a socketpair `Channel`.
+Each child leads its own process group (pgid == pid, set first thing in the child), so stopping a
+child signals everything its handler started in that group; see supervisor.child.group.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import multiprocessing
 import os
 import random
 import signal
 import socket
 from dataclasses import dataclass, field
-from multiprocessing import forkserver
+from logging import WARNING
+from multiprocessing import forkserver, resource_tracker
 
 import psutil
 
+from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
+from supervisor.ops.logs import log_event
+
+log = logging.getLogger("supervisor")
 
 _CONTEXT = multiprocessing.get_context("forkserver")
+_group_grace = 3.0  # seconds a child's keeper gives its group between SIGTERM and SIGKILL
+
+
+def set_group_grace(grace: float) -> None:
+    """Set the grace the keeper of every child started from now on gives its group (--kill-grace)."""
+    global _group_grace
+    _group_grace = max(0.0, float(grace))
 
 
 def start_forkserver() -> None:
@@ -105,6 +120,7 @@ class Child:
         self.stop_reason = reason
         self.job_id = None
         self.kill_at = now + grace
+        log_group_members(self, reason)
         if graceful:
             try:
                 self.chan.send({"t": "stop"})
@@ -171,11 +187,19 @@ def job_quota(max_jobs: int) -> int:
     return max_jobs + random.randint(0, max(0, max_jobs // 10))
 
 
+def multiprocessing_helper_pids() -> set[int]:
+    """Pids of the daemon's own children that multiprocessing waits for itself (the forkserver and the
+    resource tracker): nobody else may reap them (supervisor.parent.orphans excludes them)."""
+    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None)}
+    return {p for p in pids if p}
+
+
 def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int) -> Child:
     parent_end, child_end = socket.socketpair()
     proc = _CONTEXT.Process(
         target=child_main,
-        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid()),
+        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid(), _group_grace),
         name=f"spooled-child-{slot}",
     )
     try:
@@ -186,12 +210,78 @@ def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_
                  job_quota=job_quota(max_jobs), pid=proc.pid)
 
 
-def signal_child(child: Child, sig: int) -> None:
+def leads_group(pid: int) -> bool:
+    """True once the child `pid` is the leader of its own process group (it sets that up first thing)."""
     try:
-        if child.pid:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def signal_child(child: Child, sig: int) -> None:
+    """Send `sig` to the child's whole process group; to the child alone while it has not set one up yet
+    (before that it runs no handler code, and its group is still the daemon's)."""
+    if not child.pid:
+        return
+    try:
+        if leads_group(child.pid):
+            os.killpg(child.pid, sig)
+        else:
             os.kill(child.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+
+
+def group_besides_child(child: Child) -> list[str]:
+    """The processes in the child's group other than the child and its keeper, described for a log line."""
+    if not child.pid or not leads_group(child.pid):
+        return []
+    described = [describe_pid(pid) for pid in group_members(child.pid, exclude=frozenset({child.pid}))]
+    return [d for d in described if KEEPER_TITLE not in d]
+
+
+def log_group_members(child: Child, reason: str) -> None:
+    """Log what will be stopped along with the child, when its handler left anything in its group."""
+    others = group_besides_child(child)
+    if others:
+        log_event(log, WARNING, "stopping a child with the processes in its group", slot=child.slot,
+                  child_pid=child.pid, reason=reason, processes=others)
+
+
+def kill_group(child: Child) -> list[int]:
+    """Call when a child has been reaped, before any new child is started: log and stop what is left of
+    its process group. The child's keeper empties the group itself (SIGTERM, grace, SIGKILL); if the
+    keeper is gone too, SIGKILL the group now. Returns the pids that were left.
+
+    Safe against pid reuse: while any member of group `child.pid` lives, Linux does not reuse that pid,
+    and only a new child of ours (started later) could lead a new group with that number."""
+    if not child.pid:
+        return []
+    left = group_members(child.pid, exclude=frozenset({child.pid}))
+    if not left:
+        return []
+    described = [describe_pid(pid) for pid in left]
+    keeper = [d for d in described if KEEPER_TITLE in d]
+    others = [d for d in described if KEEPER_TITLE not in d]
+    if others:
+        log_event(log, WARNING, "stopping processes left in a finished child's process group", slot=child.slot,
+                  child_pid=child.pid, processes=others, by="keeper" if keeper else "parent")
+    if not keeper:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return left
+
+
+def describe_pid(pid: int) -> str:
+    """`pid name: cmdline` for a log line (cut at 200 characters); just the pid if it is gone."""
+    try:
+        proc = psutil.Process(pid)
+        text = f"{pid} {proc.name()}: {' '.join(proc.cmdline())}"
+    except psutil.Error:
+        return str(pid)
+    return text[:200]
 
 
 def death_cause(exitcode: int | None) -> str:

@@ -17,6 +17,7 @@ from supervisor.backoff import backoff
 from supervisor.client import rest as api
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.parent import identity
 from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered
 from supervisor.parent.jobs import Submit
 
@@ -64,6 +65,7 @@ class Membership:
         self.procs, self.register_at, self.register_inflight = procs, None, True
         self.register_attempts += 1
         metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor"}
+        metadata.update(identity.instance_metadata())  # TEMPORARY (hosts branch): the lead wires this for real
         call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata)
         self.submit(call, Followup(self.on_register, self.recover_register))
 
@@ -147,5 +149,6 @@ class Membership:
 
     def heartbeat_metadata(self, procs: int, busy: int, children: int, cpu: float, mem: float) -> dict:
         return {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
-                "cpu_percent": cpu, "memory_percent": mem}
+                "cpu_percent": cpu, "memory_percent": mem,
+                **identity.instance_metadata(), "heartbeat_interval": self.heartbeat_interval}  # TEMPORARY (hosts)
 
