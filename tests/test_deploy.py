@@ -99,11 +99,11 @@ def test_grace_period_covers_prestop_and_drain():
     assert pod["terminationGracePeriodSeconds"] > prestop + drain + KILL_GRACE
 
 
-def test_procs_match_cpu_request():
+def test_procs_come_from_the_cpu_limit():
+    """No hard-coded --procs: the daemon sizes its pool from the cgroup quota the CPU limit sets."""
     c = container()
-    procs = flag(c["args"], "--procs") or env_of(c).get("SPOOLED_PROCS", {}).get("value")
-    assert procs is not None
-    assert int(procs) == cpu_cores(c["resources"]["requests"]["cpu"])
+    assert flag(c["args"], "--procs") is None and "SPOOLED_PROCS" not in env_of(c)
+    assert cpu_cores(c["resources"]["limits"]["cpu"]) == cpu_cores(c["resources"]["requests"]["cpu"])
 
 
 def test_worker_id_from_pod_name_and_key_from_secret():

@@ -215,10 +215,16 @@ class SpooledAPI:
         return self.execute(self.call(method, path, body, route, job_route, resend_on_stale))
 
     # -- worker routes --
-    def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict) -> Call:
+    def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict,
+                      queue_names: list[str] | None = None) -> Call:
         body = {"queue_name": queue, "worker_id": worker_id, "hostname": hostname, "worker_type": "spooled-supervisor",
                 "max_concurrency": max(1, min(100, max_concurrency)), "metadata": metadata, "version": __version__}
+        if queue_names:
+            body["queue_names"] = list(queue_names)
         return self.call("POST", "/api/v1/workers/register", body, route="register", resend_on_stale=False)
+
+    def get_worker_call(self, worker_id: str) -> Call:
+        return self.call("GET", f"/api/v1/workers/{quote(worker_id, safe='')}", None, route="get_worker")
 
     def heartbeat_call(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
                        cpu_percent: float | None = None, memory_percent: float | None = None) -> Call:

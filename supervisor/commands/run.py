@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -44,7 +43,6 @@ def main(argv: list[str]) -> int:
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
     start_forkserver()  # with the key and the notify socket out of the environment, before any thread
-    signal.signal(signal.SIGCHLD, _reap_adopted)
     arbiter = Arbiter(cfg, client, hooks)
     try:
         hooks.start(arbiter.snapshot)
@@ -56,11 +54,6 @@ def main(argv: list[str]) -> int:
     finally:
         orphans.kill_adopted(grace=cfg.kill_grace)
         hooks.stop()
-
-
-def _reap_adopted(signum, frame) -> None:
-    """SIGCHLD: reap what the daemon adopted as a subreaper (never multiprocessing's own children)."""
-    orphans.reap_adopted()
 
 
 def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable[[float], None] = time.sleep,

@@ -29,8 +29,20 @@ from supervisor.client import rest as api
 from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.parent import orphans
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, ChildReady, ExitNow, Fact, Fatal, Followup, JobDone, Registered, StopJob
+from supervisor.parent.facts import (
+    ChildLost,
+    ChildReady,
+    ExitNow,
+    Fact,
+    Fatal,
+    Followup,
+    JobDone,
+    Registered,
+    StopJob,
+    TakenOver,
+)
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
 from supervisor.parent.pacer import Pacer
@@ -42,7 +54,7 @@ TITLE_EVERY = 0.2
 DEREGISTER_TIMEOUT = 5.0
 MAX_CONNECTIONS = 32  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
 def _number(value) -> float | None:
@@ -129,6 +141,7 @@ class Arbiter:
         self.take_answers(now)
         self.pacer.release(now)
         self.membership.register_if_due(now)
+        self.membership.check_row_if_due(now)
         self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
         self.send_heartbeat(now)
@@ -215,6 +228,8 @@ class Arbiter:
                 self.fatal(fact, now)
             elif isinstance(fact, ExitNow):
                 self.finish(fact.code)
+            elif isinstance(fact, TakenOver):
+                self.begin_drain(now, exitcodes.WORKER_ID_IN_USE)
 
     def reap(self, child, now: float) -> None:
         try:
@@ -275,6 +290,11 @@ class Arbiter:
     def handle_SIGTTOU(self, now: float) -> None:
         log_event(log, INFO, "SIGTTOU: one child fewer", procs=self.pool.resize(-1))
 
+    def handle_SIGCHLD(self, now: float) -> None:
+        """A process we adopted as subreaper (it escaped its child's group) exited: reap it. Children
+        proper are reaped through their sentinels; multiprocessing's helpers are never touched."""
+        orphans.reap_adopted()
+
     # ---------------------------------------------------------------- lifecycle
     def fatal(self, fact: Fatal, now: float) -> None:
         """An error the daemon cannot work past (401): stop claiming, deliver what is in flight, exit."""
@@ -321,7 +341,7 @@ class Arbiter:
         if self.exit_code is not None:
             return
         self.pool.shutdown()
-        if self.membership.registered:
+        if self.membership.registered and not self.membership.yielded:  # a newer daemon holds the row now
             for attempt in (1, 2):
                 try:
                     self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))

@@ -70,7 +70,14 @@ class Registered:
     """The API accepted the registration."""
 
 
-Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered
+@dataclass(frozen=True)
+class TakenOver:
+    """A newer daemon now heartbeats on our worker id (`other` describes it): yield the row to it."""
+
+    other: str
+
+
+Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver
 
 
 @dataclass(frozen=True)

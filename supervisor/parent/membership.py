@@ -3,7 +3,16 @@ answers, and say which errors the daemon cannot work past.
 
 `Membership` alone owns the registration and heartbeat state. The arbiter tells it when to register
 (`register`) and what to report (`heartbeat_due` / `send_heartbeat`); answers come back as facts
-(`Registered`, `Fatal`, `ExitNow`).
+(`Registered`, `Fatal`, `ExitNow`, `TakenOver`).
+
+Registration and heartbeats carry this instance's identity (supervisor.parent.identity: host, pid,
+start time, a random instance id). Half an interval after each heartbeat the worker row is read
+back: a newer instance on it means another daemon took the worker id over, and this one yields
+(stops heartbeating, drains, exits 6) instead of fighting over the row.
+
+Heartbeat answers: the real server's empty 200, or `{"acknowledged", "next_heartbeat_seconds",
+"commands"}` (the documented shape): `next_heartbeat_seconds` (1-300) sets the interval, and a
+command this daemon does not know is logged once.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from supervisor.client import rest as api
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
-from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered
+from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered, TakenOver
 from supervisor.parent.jobs import Submit
 
 log = logging.getLogger("supervisor")
@@ -38,16 +47,21 @@ class Membership:
         self.heartbeat_inflight = False
         self.next_heartbeat_at = float("inf")
         self.api_ok_at: float | None = None  # the last time the API answered at all
+        self.identity = identity.instance_metadata()  # who this daemon is, in its metadata
+        self.row_check_at: float | None = None  # read the worker row back at this time (takeover check)
+        self.row_check_inflight = False
+        self.yielded = False  # a newer instance took the worker id over: no more heartbeats, no deregister
+        self.commands_seen: set[str] = set()  # heartbeat commands already logged as unknown
 
     # ------------------------------------------------------------ reading
     def next_deadline(self) -> float | None:
-        times = [t for t in (self.register_at,) if t is not None]
-        if self.registered and not self.heartbeat_inflight:
+        times = [t for t in (self.register_at, self.row_check_at) if t is not None]
+        if self.registered and not self.heartbeat_inflight and not self.yielded:
             times.append(self.next_heartbeat_at)
         return min(times) if times else None
 
     def heartbeat_due(self, now: float) -> bool:
-        return self.registered and not self.heartbeat_inflight and now >= self.next_heartbeat_at
+        return self.registered and not self.heartbeat_inflight and not self.yielded and now >= self.next_heartbeat_at
 
     def api_answered(self, now: float) -> None:
         """Any answer from the API (an error included, but not a network failure): it is reachable."""
@@ -64,9 +78,10 @@ class Membership:
             return
         self.procs, self.register_at, self.register_inflight = procs, None, True
         self.register_attempts += 1
-        metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor"}
-        metadata.update(identity.instance_metadata())  # TEMPORARY (hosts branch): the lead wires this for real
-        call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata)
+        metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor",
+                    "queues": list(self.cfg.queues), **self.identity}
+        call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata,
+                                      list(self.cfg.queues))
         self.submit(call, Followup(self.on_register, self.recover_register))
 
     def register_if_due(self, now: float) -> None:
@@ -127,9 +142,11 @@ class Membership:
         call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
         self.submit(call, Followup(self.on_heartbeat, self.recover_heartbeat))
 
-    def on_heartbeat(self, _result, error, now: float) -> list[Fact]:
+    def on_heartbeat(self, answer, error, now: float) -> list[Fact]:
         self.heartbeat_inflight = False
         if error is None:
+            self._follow_answer(answer, now)
+            self.row_check_at = now + self.heartbeat_interval / 2
             return []
         if isinstance(error, api.Rejected) and error.status == 404:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
@@ -147,8 +164,52 @@ class Membership:
         self.heartbeat_inflight = False
         return []
 
+    def _follow_answer(self, answer, now: float) -> None:
+        """The documented heartbeat answer: follow `next_heartbeat_seconds`, log unknown commands once."""
+        if not isinstance(answer, dict):
+            return  # the real server's empty 200
+        secs = answer.get("next_heartbeat_seconds")
+        if isinstance(secs, (int, float)) and not isinstance(secs, bool) and secs > 0:
+            interval = float(max(1.0, min(300.0, secs)))
+            if interval != self.heartbeat_interval:
+                log_event(log, INFO, "heartbeat interval changed by the API", heartbeat_interval=interval)
+                self.heartbeat_interval = interval
+                self.next_heartbeat_at = now + interval
+        for command in answer.get("commands") or []:
+            name = str(command.get("type") or command.get("command") or command) if isinstance(command, dict) \
+                else str(command)
+            if name not in self.commands_seen:
+                self.commands_seen.add(name)
+                log_event(log, WARNING, "heartbeat answer carries a command this daemon does not know; ignored",
+                          command=name[:200])
+
     def heartbeat_metadata(self, procs: int, busy: int, children: int, cpu: float, mem: float) -> dict:
         return {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
-                "cpu_percent": cpu, "memory_percent": mem,
-                **identity.instance_metadata(), "heartbeat_interval": self.heartbeat_interval}  # TEMPORARY (hosts)
+                "cpu_percent": cpu, "memory_percent": mem, "queues": list(self.cfg.queues), **self.identity,
+                "heartbeat_interval": self.heartbeat_interval}
+
+    # ------------------------------------------------------------ the worker row
+    def check_row_if_due(self, now: float) -> None:
+        """Read the worker row back (half an interval after a heartbeat) to see whether a newer instance
+        took the worker id over."""
+        if self.row_check_at is None or now < self.row_check_at or self.row_check_inflight or self.yielded:
+            return
+        self.row_check_at, self.row_check_inflight = None, True
+        self.submit(self.api.get_worker_call(self.cfg.worker_id), Followup(self.on_row, self.recover_row))
+
+    def on_row(self, row, error, now: float) -> list[Fact]:
+        self.row_check_inflight = False
+        if error is not None or not isinstance(row, dict):
+            return []  # never act on a read that failed
+        other = identity.taken_over_by(row, self.identity)
+        if other is None:
+            return []
+        self.yielded = True
+        log_event(log, ERROR, identity.in_use_message(self.cfg.worker_id, other) + "; this older daemon yields: "
+                  "it stops claiming, drains and exits without deregistering")
+        return [TakenOver(other)]
+
+    def recover_row(self, now: float) -> list[Fact]:
+        self.row_check_inflight = False
+        return []
 

@@ -16,7 +16,7 @@ from logging import DEBUG, ERROR, INFO, WARNING
 from supervisor.backoff import backoff
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import Child, death_cause, signal_child, spawn_child
+from supervisor.parent.childproc import Child, death_cause, kill_group, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
 
@@ -182,6 +182,7 @@ class ChildPool:
             return []  # already handled
         facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
         child.proc.join(0)
+        kill_group(child)  # what its handler left in its process group goes too, before any new child starts
         cause = death_cause(child.proc.exitcode)
         was_starting = child.starting or child.stop_reason == "boot_failed"
         self._forget(child)
@@ -223,6 +224,7 @@ class ChildPool:
             if child.proc.exitcode is None:
                 signal_child(child, signal.SIGKILL)
                 child.proc.join(2.0)
+            kill_group(child)
             self._forget(child)
 
     # ------------------------------------------------------------ inside
