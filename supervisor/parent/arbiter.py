@@ -105,8 +105,10 @@ class Arbiter:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
-        log_event(log, INFO, "supervisor starting", worker_id=self.cfg.worker_id, queue=self.cfg.queue,
-                  procs=self.pool.target, handler=self.cfg.handler, api_url=self.cfg.api_url, version=__version__)
+        log_event(log, INFO, "supervisor starting", worker_id=self.cfg.worker_id, queue=",".join(self.cfg.queues),
+                  procs=self.pool.target, procs_source=self.cfg.procs_source, handler=self.cfg.handler,
+                  api_url=self.cfg.api_url, prefetch="auto" if self.cfg.prefetch is None else self.cfg.prefetch,
+                  max_rps=self.cfg.max_rps, version=__version__)
         self.pool.converge(time.monotonic(), stopping_for_good=False)
         try:
             while self.exit_code is None:
