@@ -225,7 +225,7 @@ def table(result: dict) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def main_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="latency,fleet,budget")
@@ -246,6 +246,11 @@ def main(argv=None) -> int:
     args.seconds = args.seconds or (1.5 if args.quick else 4.0)
     args.budget_seconds = args.budget_seconds or (8.0 if args.quick else 20.0)
     args.fleet_jobs = args.fleet_jobs or (12 if args.quick else 24)
+    return args
+
+
+def main(argv=None) -> int:
+    args = main_args(argv)
     sections = set(args.sections.split(","))
     result: dict = {"machine": machine(), "command": " ".join(["python", "benchmarks/bench_api.py", *sys.argv[1:]])}
     started = time.monotonic()

@@ -13,6 +13,9 @@ Sections (issue 6):
   latency     enqueue -> handler start on an idle daemon, p50 / p99
   memory      parent RSS; each child's RSS and USS above a bare python importing the handler
   scaling     throughput for --procs 1 .. 2 x cores on 20 ms jobs
+  api         (benchmarks/bench_api.py) the job path with the API 0 / 20 / 50 ms away: the daemon beside
+              itself with --prefetch 0 and beside the SDK worker; a two-daemon fleet on 2 s jobs; and
+              plan rate limits of 5 / 25 / 100 requests/s (requests per job counted by the dev server)
 
 Throughput is jobs / (last completed_at - first started_at), from the server's own job records.
 Every job burns CPU in `benchmarks.handlers.burn` (thread CPU time; see that module for why).
@@ -47,9 +50,13 @@ from benchmarks._common import (  # noqa: E402
     span_of,
     tree_cpu,
 )
+from benchmarks import bench_api  # noqa: E402
 from benchmarks.handlers import burn_ms  # noqa: E402
 
 MIB = 2**20
+API_TARGETS = {(0, 5.0): 0.88, (0, 20.0): 0.95, (0, 100.0): 0.98, (20, 20.0): 0.90, (20, 100.0): 0.95,
+               (50, 20.0): 0.85, (50, 100.0): 0.95}  # issue 10
+BUDGET_TARGETS = {25: 21.0, 5: 4.0}  # issue 16
 FINDINGS = "## Findings"
 TARGETS = {"efficiency_20ms": 0.90, "efficiency_100ms": 0.97, "sdk_ratio": 1.8, "parent_cpu_us": 300.0,
            "parent_rss_mib": 60.0}
@@ -295,9 +302,26 @@ def run(args) -> dict:
                                                      "rows": sdk_rows},
                    "overhead": overhead, "latency": lat, "memory": mem,
                    "scaling": {"ms": sms, "rows": scaling}})
+    if not args.no_api:
+        result["api"] = api_sections(args)
     result["targets"] = targets(result)
     result["elapsed_s"] = round(time.monotonic() - started, 1)
     return result
+
+
+def api_sections(args) -> dict:
+    """The API-latency, fleet and request-budget sections of benchmarks/bench_api.py, in this run."""
+    q = args.quick
+    api_args = bench_api.main_args(["--quick"] if q else [])
+    out: dict = {}
+    with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
+        log("api: latency 0 / 20 / 50 ms")
+        out["latency"] = bench_api.latency_section(api_args, tmp)
+        log("api: fleet")
+        out["fleet"] = bench_api.fleet_section(api_args, tmp)
+        log("api: request budget 5 / 25 / 100 req/s")
+        out["budget"] = bench_api.budget_section(api_args, tmp)
+    return out
 
 
 def targets(r: dict) -> list[dict]:
@@ -313,6 +337,15 @@ def targets(r: dict) -> list[dict]:
                     None))
     out.append(("parent CPU per no-op job (us)", r["overhead"]["parent_cpu_us_per_job"], "<=", TARGETS["parent_cpu_us"], None))
     out.append(("parent RSS (MiB)", r["memory"]["parent_rss_mib"], "<=", TARGETS["parent_rss_mib"], None))
+    for row in (r.get("api") or {}).get("latency", []):
+        key = (row["api_delay_ms"], row["job_ms"])
+        if row["worker"] == "ours" and key in API_TARGETS:
+            out.append((f"efficiency at {key[0]} ms API latency, {key[1]:g} ms jobs", row["efficiency"], ">=",
+                        API_TARGETS[key], None))
+    for row in (r.get("api") or {}).get("budget", []):
+        if row["worker"] == "ours" and row["rate_limit_rps"] in BUDGET_TARGETS:
+            out.append((f"jobs/s under a {row['rate_limit_rps']} req/s plan", row["jobs_per_s"], ">=",
+                        BUDGET_TARGETS[row["rate_limit_rps"]], None))
     return [{"name": n, "value": v, "op": op, "target": t, "met": bool(v >= t if op == ">=" else v <= t),
              "load_adjusted": adj, "met_load_adjusted": None if adj is None else bool(adj >= t)}
             for n, v, op, t, adj in out]
@@ -355,6 +388,9 @@ def table(r: dict) -> str:
               "|---:|---:|---:|---:|---:|---:|---:|"]
     for s in sc["rows"]:
         lines.append(f"| {s['procs']} | {s['jobs']} | {s['jobs_per_s']:.1f} | {s['efficiency']:.3f} | {s['speedup_over_1']} | {s['other_load_cores']:.2f} | {s['efficiency_load_adjusted']:.3f} |")
+    if r.get("api"):
+        lines += ["", "7. the job path with API latency, a fleet, and a request budget (benchmarks/bench_api.py)",
+                  bench_api.table(r["api"])]
     lines += ["", "targets (load-adjusted = against the cores the other load left free)",
               "| target | value | met | load-adjusted | met adjusted |", "|---|---:|---|---:|---|"]
     yn = lambda b: "-" if b is None else ("yes" if b else "NO")  # noqa: E731
@@ -400,6 +436,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "latest.json"), help="JSON output path")
     ap.add_argument("--markdown", help="also write the table here (default benchmarks/RESULTS.md for a full run)")
     ap.add_argument("--no-markdown", action="store_true", help="write no markdown")
+    ap.add_argument("--no-api", action="store_true", help="skip the API-latency, fleet and budget sections")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
     q = args.quick
