@@ -11,6 +11,7 @@ import math
 import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -59,7 +60,7 @@ class Metric:
         self.help = help_
         self.labelnames = tuple(labelnames)
         self._lock = threading.Lock()
-        self._values: dict[tuple, object] = {}
+        self._values: dict[tuple, Any] = {}  # label values -> a number, or a histogram's [counts, sum, count]
 
     def _key(self, labels: dict) -> tuple:
         """The label-value tuple; raises ValueError when the label names do not match exactly."""
@@ -145,7 +146,8 @@ class Histogram(Metric):
 
     type_name = "histogram"
 
-    def __init__(self, name: str, help_: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = JOB_DURATION_BUCKETS):
+    def __init__(self, name: str, help_: str, labelnames: Sequence[str] = (),
+                 buckets: Sequence[float] = JOB_DURATION_BUCKETS):
         if "le" in labelnames:
             raise ValueError("'le' is reserved for histogram buckets")
         super().__init__(name, help_, labelnames)
@@ -182,13 +184,16 @@ class Histogram(Metric):
         return lines
 
 
+M = TypeVar("M", bound=Metric)
+
+
 class Registry:
     """An ordered set of metrics rendered together."""
 
     def __init__(self):
         self._metrics: dict[str, Metric] = {}
 
-    def register(self, metric: Metric) -> Metric:
+    def register(self, metric: M) -> M:
         if metric.name in self._metrics:
             raise ValueError(f"metric {metric.name} registered twice")
         self._metrics[metric.name] = metric
@@ -200,7 +205,8 @@ class Registry:
     def gauge(self, name: str, help_: str, labelnames: Sequence[str] = ()) -> Gauge:
         return self.register(Gauge(name, help_, labelnames))
 
-    def histogram(self, name: str, help_: str, labelnames: Sequence[str] = (), buckets: Sequence[float] = JOB_DURATION_BUCKETS) -> Histogram:
+    def histogram(self, name: str, help_: str, labelnames: Sequence[str] = (),
+                  buckets: Sequence[float] = JOB_DURATION_BUCKETS) -> Histogram:
         return self.register(Histogram(name, help_, labelnames, buckets))
 
     def render(self) -> str:

@@ -156,17 +156,19 @@ class Arbiter:
         self.hooks.tick(now)
 
     def on_event(self, data: tuple, mask: int) -> None:
-        kind, obj = data
-        if kind == "wake":
+        """A selector event; `data` is (source, object) as registered: the wake pipe, a child's socket or
+        sentinel, or an API connection."""
+        source, obj = data
+        if source == "wake":
             self._drain_wake()
-        elif kind == "chan":
+        elif source == "chan":
             if mask & selectors.EVENT_WRITE:
                 self.pool.flush(obj)
             if mask & selectors.EVENT_READ:
                 self.route(self.pool.read(obj, time.monotonic()), time.monotonic())
-        elif kind == "sentinel":
+        elif source == "sentinel":
             self.reap(obj, time.monotonic())
-        elif kind == "http":
+        elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
 
     def next_wakeup(self, now: float) -> float:

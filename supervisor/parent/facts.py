@@ -88,3 +88,6 @@ class Followup:
 
     answer: Callable[[Any, ApiError | None, float], list[Fact]]
     recover: Callable[[float], list[Fact]]
+
+
+Submit = Callable[..., None]  # submit(call, followup, first=False): the arbiter's way out to the API

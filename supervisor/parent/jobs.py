@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
 from functools import partial
 from logging import DEBUG, ERROR, INFO, WARNING
 
@@ -29,13 +28,11 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob
+from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob, Submit
 from supervisor.parent.inflight import Entry, InFlight, Outcome
 from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
 
 log = logging.getLogger("supervisor")
-
-Submit = Callable[..., None]  # submit(call, followup, first=False)
 
 
 class QueueIntake:

@@ -27,8 +27,7 @@ from supervisor.client import rest as api
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
-from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered, TakenOver
-from supervisor.parent.jobs import Submit
+from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered, Submit, TakenOver
 
 log = logging.getLogger("supervisor")
 

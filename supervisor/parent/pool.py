@@ -159,12 +159,12 @@ class ChildPool:
             return []
         facts: list[Fact] = []
         for msg in messages:
-            kind = msg.get("t")
-            if kind == "ready":
+            frame = msg.get("t")
+            if frame == "ready":
                 facts.append(self._ready(child))
-            elif kind == "done":
+            elif frame == "done":
                 facts.append(self._done(child, msg))
-            elif kind == "boot_error":
+            elif frame == "boot_error":
                 child.note_boot_error(msg.get("error") or "")
         return facts
 
