@@ -13,7 +13,8 @@ import signal
 import pytest
 from parent_fakes import FakeSelector, Hooks, MiB, Signals, Spawner, make_cfg
 
-from supervisor.parent import childproc, pool as pool_mod
+from supervisor.parent import childproc
+from supervisor.parent import pool as pool_mod
 from supervisor.parent.childproc import ChildState
 from supervisor.parent.facts import ChildLost, ChildReady, JobDone
 from supervisor.parent.pool import BOOT_TIMEOUT, CONVERGE_EVERY, MAX_PROCS, ChildPool, HandlerImportFailed
