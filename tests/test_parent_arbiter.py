@@ -423,3 +423,18 @@ def test_worker_status_and_snapshot(rig):
 def test_api_errors_used_here_are_the_typed_ones():
     assert isinstance(error(401, job_route=False), api.Unauthorized)
     assert isinstance(timeout_error(), api.Unavailable)
+
+
+# ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
+
+@pytest.mark.xfail(strict=True, reason="BUG: Membership re-registers with the procs of its first registration "
+                                       "(Membership.procs); before the split register() sent the pool's current target")
+def test_registering_again_after_a_resize_tells_the_current_pool_size(rig):
+    rig.running()
+    rig.signal(signal.SIGTTIN)
+    assert rig.arb.pool.target == 3
+    rig.arb.membership.heartbeat_soon(T0 + 1)
+    rig.arb.send_heartbeat(T0 + 1)
+    rig.answer("worker_heartbeat", None, error(404, "NOT_FOUND", job_route=False), now=T0 + 1)
+    call, _, _ = rig.submit.take("register")
+    assert body(call)["max_concurrency"] == 3 and body(call)["metadata"]["procs"] == 3

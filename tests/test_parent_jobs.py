@@ -502,3 +502,21 @@ def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
     children = [fake_child(0), fake_child(1)]
     pairs = rig.flow.assignments(children)
     assert [(c.slot, e.id) for c, e in pairs] == [(0, "a"), (1, "b")]
+
+
+# ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
+
+@pytest.mark.xfail(strict=True, reason="BUG: send_reports sends an outcome from `unsent` without checking that "
+                                       "the entry is still held (only held_reports is checked); before the split, "
+                                       "reports went out at once and there was no such window")
+def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
+    # One turn of the arbiter: the child's `done` frame is read first (job_done -> unsent), then the API
+    # answers come in (a claim that hands the same job out again under a new lease), then feed_children
+    # calls send_reports.
+    rig.run("a", slot=0)
+    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
+    _, claim, _ = rig.submit.take("claim")
+    rig.flow.job_done(JobDone(0, "a", True, {"v": 1}), T0 + 40)
+    claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)  # the old lease is void
+    rig.flow.send_reports()
+    assert "complete" not in rig.submit.routes(), "a report was sent for a job no longer held, under its old lease"
