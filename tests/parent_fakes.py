@@ -92,6 +92,9 @@ class Hooks(NullHooks):
     def ready(self, status: str) -> None:
         self.events.append(("ready", status))
 
+    def status(self, text: str) -> None:
+        self.events.append(("status", text))
+
     def stopping(self) -> None:
         self.events.append(("stopping",))
 

@@ -425,6 +425,100 @@ def test_api_errors_used_here_are_the_typed_ones():
     assert isinstance(timeout_error(), api.Unavailable)
 
 
+# ------------------------------------------------------------------ the loop's turn
+
+def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
+    order: list[str] = []
+
+    def step(name, result=None):
+        return lambda *args, **kwargs: order.append(name) or result
+
+    arb = rig.arb
+    monkeypatch.setattr(arb.sel, "select", step("select", []))
+    for name in ("handle_signals", "take_answers", "send_heartbeat", "feed_children", "check_drain", "update_title"):
+        monkeypatch.setattr(arb, name, step(name))
+    monkeypatch.setattr(arb.http, "expire", step("http.expire"))
+    monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
+    monkeypatch.setattr(arb.jobs, "enforce", step("jobs.enforce", []))
+    monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
+    monkeypatch.setattr(arb.pool, "converge", step("pool.converge"))
+    arb.turn()
+    assert order == ["select", "handle_signals", "http.expire", "take_answers", "membership.register_if_due",
+                     "jobs.enforce", "pool.enforce", "send_heartbeat", "pool.converge", "feed_children",
+                     "check_drain", "update_title"]
+
+
+def test_a_turn_that_sets_the_exit_code_touches_nothing_after(rig, monkeypatch):
+    arb = rig.arb
+    monkeypatch.setattr(arb.sel, "select", lambda timeout: [])
+    monkeypatch.setattr(arb.jobs, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
+    converged = []
+    monkeypatch.setattr(arb.pool, "converge", lambda now, stopping_for_good: converged.append(now))
+    arb.turn()
+    assert arb.exit_code == exitcodes.CONFIG and converged == []
+
+
+def test_events_go_to_their_owner(rig, monkeypatch):
+    rig.running()
+    arb = rig.arb
+    child = next(iter(arb.pool.children.values()))
+    seen = []
+    monkeypatch.setattr(arb.pool, "flush", lambda c: seen.append(("flush", c.slot)))
+    monkeypatch.setattr(arb.http, "on_ready", lambda conn, mask, now: seen.append(("http", conn)))
+    os.write(arb.wake_w, b"xyz")
+    arb.on_event(("wake", None), 1)
+    with pytest.raises(BlockingIOError):
+        os.read(arb.wake_r, 1)  # the wake-up pipe was emptied
+    arb.on_event(("chan", child), 2)  # writable
+    child.chan.inbox.append({"t": "done", "id": "nope", "ok": True})
+    arb.on_event(("chan", child), 1)  # readable: read and routed
+    assert child.jobs_done == 1
+    arb.on_event(("http", "conn"), 1)
+    child.proc.exitcode = -signal.SIGKILL
+    arb.on_event(("sentinel", child), 1)
+    assert seen == [("flush", child.slot), ("http", "conn")]
+    assert arb.pool.children.get(child.slot) is not child  # reaped
+
+
+def test_signal_handler_only_records(rig):
+    rig.arb._on_signal(signal.SIGTERM, None)
+    assert rig.arb.phase is Phase.STARTING and rig.arb.signals.get_nowait() == signal.SIGTERM
+
+
+def test_the_title_is_refreshed_at_most_every_200_ms_and_only_when_it_changes(rig):
+    rig.running()
+    arb = rig.arb
+    arb.update_title(T0)
+    assert rig.hooks.events[-1] == ("status", "spooled-supervisor: parent queue=q busy=0/2 inflight=0")
+    count = len(rig.hooks.events)
+    arb.update_title(T0 + 0.1)
+    arb.update_title(T0 + 0.3)  # unchanged: nothing sent
+    assert len(rig.hooks.events) == count
+    assert arb.next_wakeup(T0 + 0.1) <= T0 + 0.2
+    rig.signal(signal.SIGTERM, now=T0 + 0.3)
+    arb.update_title(T0 + 0.3)
+    assert rig.hooks.events[-1] == ("status", "spooled-supervisor: parent queue=q busy=0/2 inflight=0 draining")
+
+
+def test_answers_waiting_to_be_taken_mean_no_sleep(rig, monkeypatch):
+    rig.running()
+    rig.arb.pool.converge(T0, stopping_for_good=False)
+    rig.arb.feed_children(T0)  # a claim on the wire: no claim deadline
+    assert rig.arb.next_wakeup(T0 + 5) == T0 + 6  # nothing due: a second at most
+    monkeypatch.setattr(rig.arb.http, "results", [("followup", None, None)])
+    assert rig.arb.next_wakeup(T0 + 5) == T0 + 5
+
+
+def test_nothing_happens_outside_its_time(rig):
+    rig.running()
+    rig.arb.check_drain(T0)  # not draining
+    rig.arb.send_heartbeat(T0 + 1)  # not due
+    rig.arb.begin_drain(T0, exitcodes.OK)
+    rig.arb.begin_drain(T0 + 5, exitcodes.AUTH)  # once
+    assert rig.arb.drain_code == exitcodes.OK and rig.arb.drain_deadline == T0 + 25
+    assert rig.submit.routes() == [] and rig.arb.exit_code is None
+
+
 # ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
 
 @pytest.mark.xfail(strict=True, reason="BUG: Membership re-registers with the procs of its first registration "

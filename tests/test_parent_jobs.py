@@ -504,6 +504,25 @@ def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
     assert [(c.slot, e.id) for c, e in pairs] == [(0, "a"), (1, "b")]
 
 
+
+def test_an_outcome_not_yet_sent_is_due_at_once(rig):
+    rig.run("a", slot=0)
+    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1)
+    assert rig.flow.next_deadline(may_claim=False) == 0.0
+    rig.flow.send_reports()
+    assert rig.flow.next_deadline(may_claim=False) == T0 + 10
+
+
+def test_a_held_report_voided_before_the_claim_answer_is_not_sent(rig):
+    rig.run("a", slot=0)
+    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
+    _, claim, _ = rig.submit.take("claim")
+    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 40)
+    rig.flow.send_reports()  # held behind the claim
+    claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)
+    assert rig.submit.routes() == [] and rig.entry("a").lease_id == "L-new"
+
+
 # ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
 
 @pytest.mark.xfail(strict=True, reason="BUG: send_reports sends an outcome from `unsent` without checking that "

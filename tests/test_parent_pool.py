@@ -251,6 +251,15 @@ def test_a_frame_still_going_out_is_watched_for_writability_until_flushed(rig):
     assert rig.sel.events_of(a.chan.sock) == selectors.EVENT_READ
 
 
+def test_flushing_to_a_dead_child_leaves_it_to_its_sentinel(rig):
+    a, _ = rig.up()
+    a.chan.wants_write = True
+    rig.give(a)
+    a.chan.broken = True
+    rig.pool.flush(a)
+    assert rig.sel.events_of(a.chan.sock) == selectors.EVENT_READ | selectors.EVENT_WRITE and a.busy
+
+
 def test_done_frame_is_a_job_done_fact_and_the_child_is_idle_again(rig):
     a, _ = rig.up()
     rig.give(a, "j1")
