@@ -179,7 +179,7 @@ class FakePs:
 
 def fake_child(slot: int, now: float = 0.0, job_quota: int = 0, pid: int | None = None) -> Child:
     return Child(slot=slot, proc=FakeProc(), chan=FakeChan(), started_at=now,  # type: ignore[arg-type]
-                 job_quota=job_quota, pid=pid if pid is not None else 1000 + slot, _ps=FakePs())  # type: ignore[arg-type]
+                 job_quota=job_quota, pid=pid if pid is not None else 1000 + slot, _ps=FakePs())
 
 
 class FakeSelector:
