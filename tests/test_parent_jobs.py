@@ -26,10 +26,21 @@ class Rig:
 
     def claim(self, now: float, idle: int, jobs: list, answer_at: float | None = None) -> list:
         """Send a claim for `idle` children and answer it with `jobs`; return the answer's facts."""
-        self.flow.maybe_claim(now, idle, may_claim=True)
+        self.maybe_claim(now, idle)
         _, followup, first = self.submit.take("claim")
         assert first, "claims go to the front of the HTTP queue"
         return followup.answer(jobs, None, answer_at if answer_at is not None else now)
+
+    def maybe_claim(self, now: float, idle: int, may_claim: bool = True, **kwargs) -> None:
+        self.flow.maybe_claim(now, idle, self.cfg.procs, may_claim, **kwargs)
+
+    def deadline(self, now: float, may_claim: bool = False, idle: int = 0) -> float | None:
+        return self.flow.next_deadline(now, may_claim, idle)
+
+    @property
+    def intake(self):
+        """The claim timing of queue q (the only queue)."""
+        return self.flow.queues["q"]
 
     def run(self, job_id: str = "a", slot: int = 0, now: float = T0, **fields) -> None:
         """Claim `job_id` at `now` and start it on `slot` at once."""
@@ -60,14 +71,14 @@ def rig() -> Rig:
 
 def test_claim_asks_for_idle_children_minus_waiting_jobs(rig):
     rig.claim(T0, 1, [job("a")])  # one job waits for a child
-    rig.flow.maybe_claim(T0 + 0.5, 3, may_claim=True)
+    rig.maybe_claim(T0 + 0.5, 3, may_claim=True)
     call, _, first = rig.submit.take("claim")
     assert body(call)["limit"] == 2 and body(call)["queue_name"] == "q" and body(call)["lease_duration_secs"] == 30
     assert first
 
 
 def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
-    rig.flow.maybe_claim(T0, 2, may_claim=True)
+    rig.maybe_claim(T0, 2, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert rig.flow.claim_inflight
     assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
@@ -75,17 +86,17 @@ def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     assert [e.id for e in rig.flow.inflight.waiting()] == ["a", "b"]
     entry = rig.entry("a")
     assert entry.claimed_at == T0 and entry.lease_until == T0 + 30  # the lease counts from when the claim left
-    assert rig.flow.next_claim_at == T0 + 0.3 and rig.flow.empty_claims == 0
+    assert rig.intake.next_claim_at == T0 + 0.3 and rig.intake.empty_claims == 0
     assert rig.hooks.named("claimed") == [("claimed", 2)]
 
 
 def test_no_claim_while_one_is_on_the_wire_or_not_allowed_or_nothing_free(rig):
-    rig.flow.maybe_claim(T0, 2, may_claim=False)
+    rig.maybe_claim(T0, 2, may_claim=False)
     assert rig.submit.calls == []
-    rig.flow.maybe_claim(T0, 0, may_claim=True)
+    rig.maybe_claim(T0, 0, may_claim=True)
     assert rig.submit.calls == []
-    rig.flow.maybe_claim(T0, 2, may_claim=True)
-    rig.flow.maybe_claim(T0, 2, may_claim=True)
+    rig.maybe_claim(T0, 2, may_claim=True)
+    rig.maybe_claim(T0, 2, may_claim=True)
     assert rig.submit.routes() == ["claim"]
 
 
@@ -94,9 +105,9 @@ def test_empty_claims_back_off_growing_within_poll_interval(rig):
     now = T0
     for _ in range(12):
         rig.claim(now, 1, [])
-        delays.append(rig.flow.next_claim_at - now)
-        now = rig.flow.next_claim_at
-    assert rig.flow.empty_claims == 12
+        delays.append(rig.intake.next_claim_at - now)
+        now = rig.intake.next_claim_at
+    assert rig.intake.empty_claims == 12
     for n, delay in enumerate(delays, start=1):
         top = min(rig.cfg.poll_interval, 0.05 * 2 ** (n - 1))
         assert top / 2 <= delay <= top
@@ -105,35 +116,35 @@ def test_empty_claims_back_off_growing_within_poll_interval(rig):
 
 def test_empty_claim_back_off_holds_until_its_time(rig):
     rig.claim(T0, 1, [])
-    at = rig.flow.next_claim_at
-    rig.flow.maybe_claim(at - 0.001, 1, may_claim=True)
+    at = rig.intake.next_claim_at
+    rig.maybe_claim(at - 0.001, 1, may_claim=True)
     assert rig.submit.calls == []
-    rig.flow.maybe_claim(at, 1, may_claim=True)
+    rig.maybe_claim(at, 1, may_claim=True)
     assert rig.submit.routes() == ["claim"]
 
 
 def test_fewer_jobs_than_asked_keeps_them_and_backs_off(rig):
     rig.claim(T0, 3, [job("a")])
-    assert len(rig.flow.inflight) == 1 and rig.flow.empty_claims == 1
-    assert T0 + 0.025 <= rig.flow.next_claim_at <= T0 + 0.05
+    assert len(rig.flow.inflight) == 1 and rig.intake.empty_claims == 1
+    assert T0 + 0.025 <= rig.intake.next_claim_at <= T0 + 0.05
 
 
 def test_full_claim_resets_the_empty_back_off(rig):
     rig.claim(T0, 1, [])
-    rig.claim(rig.flow.next_claim_at, 1, [job("a")], answer_at=T0 + 1)
-    assert rig.flow.empty_claims == 0 and rig.flow.next_claim_at == T0 + 1
+    rig.claim(rig.intake.next_claim_at, 1, [job("a")], answer_at=T0 + 1)
+    assert rig.intake.empty_claims == 0 and rig.intake.next_claim_at == T0 + 1
 
 
 def test_429_with_retry_after_holds_claims_even_when_a_child_frees_up(rig):
     rig.run("a", slot=0)
-    rig.flow.maybe_claim(T0 + 1, 1, may_claim=True)
+    rig.maybe_claim(T0 + 1, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=7), T0 + 1) == []
     assert rig.flow.claim_not_before >= T0 + 1 + 7
     rig.finish("a", now=T0 + 2)  # a freed child claims at once ... but not through a 429's wait
-    rig.flow.maybe_claim(T0 + 7.9, 1, may_claim=True)
+    rig.maybe_claim(T0 + 7.9, 1, may_claim=True)
     assert rig.submit.routes() == []
-    rig.flow.maybe_claim(rig.flow.claim_not_before, 1, may_claim=True)
+    rig.maybe_claim(rig.flow.claim_not_before, 1, may_claim=True)
     assert rig.submit.routes() == ["claim"]
 
 
@@ -141,7 +152,7 @@ def test_429_without_retry_after_backs_off_growing(rig):
     waits = []
     for n in range(1, 5):
         now = T0 + 100 * n
-        rig.flow.maybe_claim(now, 1, may_claim=True)
+        rig.maybe_claim(now, 1, may_claim=True)
         _, followup, _ = rig.submit.take("claim")
         assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED"), now) == []
         waits.append(rig.flow.claim_not_before - now)
@@ -152,7 +163,7 @@ def test_429_without_retry_after_backs_off_growing(rig):
 
 
 def test_claim_failure_on_5xx_backs_off_and_success_resets(rig):
-    rig.flow.maybe_claim(T0, 1, may_claim=True)
+    rig.maybe_claim(T0, 1, may_claim=True)
     rig.submit.take("claim")[1].answer(None, error(503), T0)
     assert rig.flow.claim_failures == 1 and rig.flow.claim_not_before > T0
     rig.claim(rig.flow.claim_not_before, 1, [job("a")])
@@ -160,7 +171,7 @@ def test_claim_failure_on_5xx_backs_off_and_success_resets(rig):
 
 
 def test_claim_401_is_fatal(rig):
-    rig.flow.maybe_claim(T0, 1, may_claim=True)
+    rig.maybe_claim(T0, 1, may_claim=True)
     facts = rig.submit.take("claim")[1].answer(None, error(401, "UNAUTHORIZED"), T0)
     assert len(facts) == 1 and isinstance(facts[0], Fatal) and facts[0].code == exitcodes.AUTH
     assert not rig.flow.claim_inflight
@@ -191,40 +202,44 @@ def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
 
 
 def test_recover_claim_frees_the_claim_and_waits_a_second(rig):
-    rig.flow.maybe_claim(T0, 1, may_claim=True)
+    rig.maybe_claim(T0, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert followup.recover(T0 + 2) == []
     assert not rig.flow.claim_inflight and rig.flow.claim_not_before == T0 + 3
 
 
-def test_reports_wait_for_the_claim_on_the_wire_then_go(rig):
+def test_reports_go_out_while_a_claim_is_on_the_wire(rig):
     rig.run("a", slot=0)
-    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
-    _, followup, _ = rig.submit.take("claim")
+    rig.maybe_claim(T0 + 1, 2)
+    rig.submit.take("claim")
     rig.flow.job_done(JobDone(0, "a", True, {"x": 1}), T0 + 1.1)
     rig.flow.send_reports()
-    assert rig.submit.routes() == []  # held: the claim a freed child waits on is answered first
-    followup.answer([], None, T0 + 1.2)
-    call, _, first = rig.submit.take("complete")
+    call, _, first = rig.submit.take("complete")  # not held behind the claim (the pacer orders calls)
     assert body(call) == {"worker_id": "w-1", "lease_id": "L-a", "result": {"x": 1}} and not first
 
 
-def test_recover_claim_releases_held_reports(rig):
-    rig.run("a", slot=0)
-    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
-    _, followup, _ = rig.submit.take("claim")
-    rig.flow.job_done(JobDone(0, "a", False, "boom"), T0 + 1.1)
-    rig.flow.send_reports()
-    followup.recover(T0 + 2)
-    assert rig.submit.routes() == ["fail"]
-
-
-def test_next_deadline_includes_the_claim_only_when_allowed(rig):
-    assert rig.flow.next_deadline(may_claim=False) is None
-    assert rig.flow.next_deadline(may_claim=True) == 0.0
+def test_next_deadline_includes_the_claim_only_when_allowed_and_a_child_needs_a_job(rig):
+    assert rig.deadline(T0, may_claim=False, idle=2) is None
+    assert rig.deadline(T0, may_claim=True, idle=0) is None  # nobody to claim for (prefetch 0)
+    assert rig.deadline(T0, may_claim=True, idle=2) == 0.0
     rig.claim(T0, 1, [job("a")])
-    assert rig.flow.next_deadline(may_claim=False) == T0 + 10  # its renewal
-    assert rig.flow.next_deadline(may_claim=True) == T0  # claim again at once after a full claim
+    assert rig.deadline(T0, may_claim=False, idle=1) == T0 + 10  # its renewal
+    assert rig.deadline(T0, may_claim=True, idle=1) == T0 + 10  # the idle child has a job waiting
+    assert rig.deadline(T0, may_claim=True, idle=2) == T0  # claim again at once after a full claim
+    rig.maybe_claim(T0, 2)
+    assert rig.deadline(T0, may_claim=True, idle=2) == T0 + 10  # not while a claim is on the wire
+
+
+def test_the_claim_deadline_respects_a_back_off_and_the_budget_gate(rig):
+    rig.claim(T0, 2, [])
+    backoff_at = rig.intake.next_claim_at
+    assert rig.deadline(T0, may_claim=True, idle=2) == backoff_at
+    assert rig.flow.next_deadline(T0, True, 2, claim_gate=T0 + 3) == T0 + 3
+
+
+def test_no_claim_while_the_budget_holds(rig):
+    rig.maybe_claim(T0, 2, budget_ok=False)
+    assert rig.submit.calls == []
 
 
 # ------------------------------------------------------------------ reporting
@@ -266,7 +281,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     assert entry is not None and not entry.reporting
     due = entry.report_due_at
     assert T0 + 2 + 0.1 <= due <= T0 + 2 + 0.2
-    assert rig.flow.next_deadline(may_claim=False) <= due
+    assert rig.deadline(T0 + 2) <= due
     rig.flow.enforce(due - 0.001)
     assert rig.submit.routes() == []
     rig.flow.enforce(due)
@@ -492,9 +507,9 @@ def test_job_done_for_a_job_no_longer_held_is_dropped(rig):
 def test_job_done_frees_the_claim_back_off(rig):
     rig.run("a", slot=0)
     rig.claim(T0 + 1, 2, [])  # empty: back off
-    assert rig.flow.next_claim_at > T0 + 1
+    assert rig.intake.next_claim_at > T0 + 1
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1.01)
-    assert rig.flow.next_claim_at == T0 + 1.01
+    assert rig.intake.next_claim_at == T0 + 1.01
 
 
 def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
@@ -508,32 +523,18 @@ def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
 def test_an_outcome_not_yet_sent_is_due_at_once(rig):
     rig.run("a", slot=0)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1)
-    assert rig.flow.next_deadline(may_claim=False) == 0.0
+    assert rig.deadline(T0 + 1) == 0.0
     rig.flow.send_reports()
-    assert rig.flow.next_deadline(may_claim=False) == T0 + 10
+    assert rig.deadline(T0 + 1) == T0 + 10
 
 
-def test_a_held_report_voided_before_the_claim_answer_is_not_sent(rig):
-    rig.run("a", slot=0)
-    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
-    _, claim, _ = rig.submit.take("claim")
-    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 40)
-    rig.flow.send_reports()  # held behind the claim
-    claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)
-    assert rig.submit.routes() == [] and rig.entry("a").lease_id == "L-new"
 
-
-# ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
-
-@pytest.mark.xfail(strict=True, reason="BUG: send_reports sends an outcome from `unsent` without checking that "
-                                       "the entry is still held (only held_reports is checked); before the split, "
-                                       "reports went out at once and there was no such window")
 def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
     # One turn of the arbiter: the child's `done` frame is read first (job_done -> unsent), then the API
     # answers come in (a claim that hands the same job out again under a new lease), then feed_children
     # calls send_reports.
     rig.run("a", slot=0)
-    rig.flow.maybe_claim(T0 + 1, 2, may_claim=True)
+    rig.maybe_claim(T0 + 1, 2)
     _, claim, _ = rig.submit.take("claim")
     rig.flow.job_done(JobDone(0, "a", True, {"v": 1}), T0 + 40)
     claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)  # the old lease is void

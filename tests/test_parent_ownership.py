@@ -44,6 +44,45 @@ def declared(cls: ast.ClassDef) -> set[str]:
     return names
 
 
+CONTAINER_TYPES = {"dict", "list", "set", "deque", "SimpleQueue", "defaultdict", "OrderedDict"}
+
+
+def names_in(node: ast.AST | None) -> set[str]:
+    """The names and attribute names in an expression: `collections.deque` -> {"collections", "deque"}."""
+    if node is None:
+        return set()
+    return {n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node)
+            if isinstance(n, (ast.Name, ast.Attribute))}
+
+
+def is_container(value: ast.AST | None, annotation: ast.AST | None = None) -> bool:
+    """A declaration that makes a dict, list, set or queue (by its literal, its constructor or its annotation)."""
+    if isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp, ast.ListComp, ast.SetComp)):
+        return True
+    if isinstance(value, ast.Call) and names_in(value.func) & (CONTAINER_TYPES | {"field"}):
+        return bool(names_in(value.func) & CONTAINER_TYPES) or any(
+            names_in(k.value) & CONTAINER_TYPES for k in value.keywords if k.arg == "default_factory")
+    return annotation is not None and isinstance(annotation, ast.Subscript) and bool(
+        names_in(annotation.value) & CONTAINER_TYPES)
+
+
+def container_attrs(cls: ast.ClassDef) -> set[str]:
+    """The attributes a class declares as containers (whose mutating methods change its state)."""
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and is_container(node.value,
+                                                                                                  node.annotation):
+            names.add(node.target.id)
+        elif isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            for stmt in ast.walk(node):
+                if isinstance(stmt, ast.AnnAssign) and owned_by_self(stmt.target) and is_container(stmt.value,
+                                                                                                   stmt.annotation):
+                    names.add(stmt.target.attr)  # type: ignore[union-attr]
+                elif isinstance(stmt, ast.Assign) and is_container(stmt.value):
+                    names.update(t.attr for t in stmt.targets if owned_by_self(t))  # type: ignore[union-attr]
+    return names
+
+
 def flatten(target: ast.expr) -> list[ast.expr]:
     """`a, (b, *c) = ...` -> [a, b, c]."""
     if isinstance(target, (ast.Tuple, ast.List)):
@@ -87,6 +126,7 @@ class Scope:
     cls: ast.ClassDef | None
     own: frozenset[str]  # its class's declared attributes
     record_fields: frozenset[str]  # fields of records it owns (InFlight: Entry's)
+    containers: frozenset[str]  # attribute names any class declares as a container
 
     def at(self, node: ast.AST) -> str:
         return f"{self.rel}:{getattr(node, 'lineno', '?')}"
@@ -124,7 +164,7 @@ def check_call(node: ast.Call, scope: Scope) -> list[Violation]:
             isinstance(func, ast.Attribute) and func.attr == "__setattr__"):
         return [Violation(scope.at(node), f"`{ast.unparse(node)}`")]
     if (isinstance(func, ast.Attribute) and func.attr in MUTATORS and isinstance(func.value, ast.Attribute)
-            and not owned_by_self(func.value)):
+            and func.value.attr in scope.containers and not owned_by_self(func.value)):
         return [Violation(scope.at(node), f"`{ast.unparse(func)}(...)` changes another object's container")]
     return []
 
@@ -135,14 +175,16 @@ def check_function(scope: Scope) -> list[Violation]:
     return found
 
 
-def scope_for(rel: Path, fn, cls: ast.ClassDef | None, fields_of: dict[str, set[str]]) -> Scope:
+def scope_for(rel: Path, fn, cls: ast.ClassDef | None, fields_of: dict[str, set[str]],
+              containers: frozenset[str]) -> Scope:
     own = fields_of.get(cls.name, set()) if cls else set()
     records = [rec for owner, rec in RECORDS if cls is not None and owner == cls.name]
     record_fields = set().union(*(fields_of[r] for r in records)) if records else set()
-    return Scope(rel, fn, cls, frozenset(own), frozenset(record_fields))
+    return Scope(rel, fn, cls, frozenset(own), frozenset(record_fields), containers)
 
 
-def check_module(path: Path, fields_of: dict[str, set[str]], root: Path = PARENT.parent.parent) -> list[Violation]:
+def check_module(path: Path, fields_of: dict[str, set[str]], containers: frozenset[str],
+                 root: Path = PARENT.parent.parent) -> list[Violation]:
     """Every function of the module (methods with their class; nested functions are walked with theirs)."""
     rel = path.relative_to(root)
     found: list[Violation] = []
@@ -152,7 +194,7 @@ def check_module(path: Path, fields_of: dict[str, set[str]], root: Path = PARENT
             if isinstance(node, ast.ClassDef):
                 visit(node.body, node)
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                found.extend(check_function(scope_for(rel, node, cls, fields_of)))
+                found.extend(check_function(scope_for(rel, node, cls, fields_of, containers)))
 
     visit(ast.parse(path.read_text(), filename=str(path)).body, None)
     return found
@@ -172,9 +214,14 @@ def all_fields() -> dict[str, set[str]]:
     return fields
 
 
+def all_containers() -> frozenset[str]:
+    return frozenset(name for path in parent_modules() for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.ClassDef) for name in container_attrs(node))
+
+
 def violations() -> list[Violation]:
-    fields = all_fields()
-    return [v for path in parent_modules() for v in check_module(path, fields)]
+    fields, containers = all_fields(), all_containers()
+    return [v for path in parent_modules() for v in check_module(path, fields, containers)]
 
 
 def test_every_attribute_of_the_parent_is_assigned_only_by_its_own_class():
@@ -215,7 +262,10 @@ class Pool:
     fields = {"Entry": {"slot"}, "InFlight": {"jobs"}, "Pool": {"children", "target"}}
     sample = tmp_path / "sample.py"
     sample.write_text(code)
-    found = [v.what for v in check_module(sample, fields, root=tmp_path)]
+    tree = ast.parse(code)
+    containers = frozenset(n for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for n in container_attrs(c))
+    assert containers == {"jobs", "children"}
+    found = [v.what for v in check_module(sample, fields, containers, root=tmp_path)]
     assert len(found) == 7, "\n".join(found)
     assert any("self.surprise" in w for w in found) and any("other.target" in w for w in found)
     assert any("child.state" in w for w in found) and any("other.children[1]" in w for w in found)
