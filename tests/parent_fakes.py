@@ -177,9 +177,13 @@ class FakePs:
         return 0.0
 
 
+# Above any pid_max Linux allows (2**22): should a fake pid ever reach os.kill or killpg, it finds no process.
+FAKE_PID = 10**8
+
+
 def fake_child(slot: int, now: float = 0.0, job_quota: int = 0, pid: int | None = None) -> Child:
     return Child(slot=slot, proc=FakeProc(), chan=FakeChan(), started_at=now,  # type: ignore[arg-type]
-                 job_quota=job_quota, pid=pid if pid is not None else 1000 + slot, _ps=FakePs())
+                 job_quota=job_quota, pid=pid if pid is not None else FAKE_PID + slot, _ps=FakePs())
 
 
 class FakeSelector:
@@ -218,7 +222,7 @@ class Spawner:
                  max_jobs: int) -> Child:
         if self.fail:
             raise OSError("fork failed")
-        child = fake_child(slot, now, job_quota=self.quota or max_jobs, pid=2000 + len(self.spawned))
+        child = fake_child(slot, now, job_quota=self.quota or max_jobs, pid=FAKE_PID + 1000 + len(self.spawned))
         self.spawned.append(child)
         return child
 
@@ -228,9 +232,25 @@ class Spawner:
 
 @dataclass
 class Signals:
-    """Stands in for `signal_child`: records (slot, signal)."""
+    """Stands in for `signal_child` (records (slot, signal)) and `kill_group` (records the slot)."""
 
     sent: list[tuple[int, int]] = field(default_factory=list)
+    groups_killed: list[int] = field(default_factory=list)
 
     def __call__(self, child: Child, sig: int) -> None:
         self.sent.append((child.slot, sig))
+
+    def kill_group(self, child: Child) -> list[int]:
+        self.groups_killed.append(child.slot)
+        return []
+
+
+def no_process_is_touched(monkeypatch, signals: Signals, spawner: Spawner) -> None:
+    """Patch every way the pool reaches a real process: spawning, signals and process-group kills."""
+    from supervisor.parent import childproc, pool
+
+    monkeypatch.setattr(pool, "spawn_child", spawner)
+    monkeypatch.setattr(pool, "signal_child", signals)
+    monkeypatch.setattr(childproc, "signal_child", signals)
+    if hasattr(pool, "kill_group"):
+        monkeypatch.setattr(pool, "kill_group", signals.kill_group)

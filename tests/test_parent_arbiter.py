@@ -12,12 +12,22 @@ import os
 import signal
 
 import pytest
-from parent_fakes import FakeSelector, Hooks, Signals, Spawner, Submit, body, error, make_api, make_cfg, timeout_error
+from parent_fakes import (
+    FakeSelector,
+    Hooks,
+    Signals,
+    Spawner,
+    Submit,
+    body,
+    error,
+    make_api,
+    make_cfg,
+    no_process_is_touched,
+    timeout_error,
+)
 
 from supervisor import exitcodes
 from supervisor.client import rest as api
-from supervisor.parent import childproc
-from supervisor.parent import pool as pool_mod
 from supervisor.parent.arbiter import HANDLED_SIGNALS, Arbiter, Phase
 from supervisor.parent.facts import ChildLost, ChildReady, ExitNow, Fatal, Followup, JobDone, Registered, StopJob
 
@@ -28,9 +38,7 @@ class Rig:
     def __init__(self, monkeypatch, **cfg) -> None:
         self.spawner = Spawner()
         self.signals = Signals()
-        monkeypatch.setattr(pool_mod, "spawn_child", self.spawner)
-        monkeypatch.setattr(pool_mod, "signal_child", self.signals)
-        monkeypatch.setattr(childproc, "signal_child", self.signals)
+        no_process_is_touched(monkeypatch, self.signals, self.spawner)
         self.hooks = Hooks()
         self.arb = Arbiter(make_cfg(**cfg), make_api(), self.hooks)
         self.submit = Submit()

@@ -11,10 +11,8 @@ import selectors
 import signal
 
 import pytest
-from parent_fakes import FakeSelector, Hooks, MiB, Signals, Spawner, make_cfg
+from parent_fakes import FakeSelector, Hooks, MiB, Signals, Spawner, make_cfg, no_process_is_touched
 
-from supervisor.parent import childproc
-from supervisor.parent import pool as pool_mod
 from supervisor.parent.childproc import ChildState
 from supervisor.parent.facts import ChildLost, ChildReady, JobDone
 from supervisor.parent.pool import BOOT_TIMEOUT, CONVERGE_EVERY, MAX_PROCS, ChildPool, HandlerImportFailed
@@ -27,9 +25,7 @@ class Rig:
     def __init__(self, monkeypatch, **cfg) -> None:
         self.spawner = Spawner()
         self.signals = Signals()
-        monkeypatch.setattr(pool_mod, "spawn_child", self.spawner)
-        monkeypatch.setattr(pool_mod, "signal_child", self.signals)
-        monkeypatch.setattr(childproc, "signal_child", self.signals)
+        no_process_is_touched(monkeypatch, self.signals, self.spawner)
         self.sel = FakeSelector()
         self.hooks = Hooks()
         self.pool = ChildPool(make_cfg(**cfg), self.sel, self.hooks)  # type: ignore[arg-type]
