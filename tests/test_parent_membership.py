@@ -195,3 +195,93 @@ def test_deregistered_stops_heartbeats(rig):
     rig.registered(T0)
     rig.members.deregistered()
     assert not rig.members.registered and not rig.members.heartbeat_due(T0 + 1000)
+
+
+# ------------------------------------------------------------------ heartbeat answers and the worker row
+
+def test_heartbeat_answer_may_set_the_interval_within_1_to_300_s(rig):
+    rig.registered(T0, interval=10)
+    for asked, interval in ((4, 4.0), (0.2, 1.0), (9999, 300.0)):
+        now = rig.members.next_heartbeat_at
+        _, followup, _ = rig.heartbeat(now)
+        followup.answer({"acknowledged": True, "next_heartbeat_seconds": asked}, None, now)
+        assert rig.members.heartbeat_interval == interval and rig.members.next_heartbeat_at == now + interval
+
+
+@pytest.mark.parametrize("answer", [None, {}, {"next_heartbeat_seconds": True}, {"next_heartbeat_seconds": -5},
+                                    {"next_heartbeat_seconds": "7"}], ids=["empty", "dict", "bool", "negative", "text"])
+def test_heartbeat_answer_without_a_usable_interval_keeps_it(rig, answer):
+    rig.registered(T0, interval=10)
+    _, followup, _ = rig.heartbeat(T0 + 10)
+    assert followup.answer(answer, None, T0 + 10.1) == []
+    assert rig.members.heartbeat_interval == 10.0 and rig.members.next_heartbeat_at == T0 + 20
+
+
+def test_unknown_heartbeat_commands_are_noted_once(rig, caplog):
+    rig.registered(T0)
+    for n in range(3):
+        _, followup, _ = rig.heartbeat(T0 + 10 * (n + 1))
+        followup.answer({"commands": [{"type": "pause"}, "resume"]}, None, T0 + 10 * (n + 1))
+    assert rig.members.commands_seen == {"pause", "resume"}
+    assert sum("command this daemon does not know" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_the_worker_row_is_read_back_half_an_interval_after_a_heartbeat(rig):
+    rig.registered(T0, interval=10)
+    _, followup, _ = rig.heartbeat(T0 + 10)
+    followup.answer(None, None, T0 + 10.2)
+    assert rig.members.next_deadline() == T0 + 15.2
+    rig.members.check_row_if_due(T0 + 15.1)
+    assert rig.submit.calls == []
+    rig.members.check_row_if_due(T0 + 15.2)
+    call, _, _ = rig.submit.take("get_worker")
+    assert call.method == "GET" and call.path.endswith("/workers/w-1")
+    rig.members.check_row_if_due(T0 + 16)
+    assert rig.submit.calls == []  # once per heartbeat
+
+
+def newer_row(members, seconds_later: float = 60.0) -> dict:
+    from supervisor.parent import identity
+
+    own = members.identity
+    started = identity.parse_time(own["started_at"]) + seconds_later
+    return {"id": "w-1", "status": "healthy", "metadata": {"instance_id": "f" * 16,
+                                                           "started_at": identity.rfc3339(started), "pid": 1}}
+
+
+def test_a_newer_instance_on_the_row_makes_this_daemon_yield(rig):
+    rig.registered(T0)
+    _, followup, _ = rig.heartbeat(T0 + 10)
+    followup.answer(None, None, T0 + 10)
+    rig.members.check_row_if_due(T0 + 15)
+    _, followup, _ = rig.submit.take("get_worker")
+    facts = followup.answer(newer_row(rig.members), None, T0 + 15.1)
+    assert [type(f).__name__ for f in facts] == ["TakenOver"] and "f" * 16 in facts[0].other
+    assert rig.members.yielded and not rig.members.heartbeat_due(T0 + 1000)
+    assert rig.members.next_deadline() is None
+
+
+@pytest.mark.parametrize("row", ["own", "older", "error", "junk"])
+def test_the_row_of_this_or_an_older_instance_or_a_failed_read_changes_nothing(rig, row):
+    rig.registered(T0)
+    _, followup, _ = rig.heartbeat(T0 + 10)
+    followup.answer(None, None, T0 + 10)
+    rig.members.check_row_if_due(T0 + 15)
+    _, followup, _ = rig.submit.take("get_worker")
+    answer, err = {
+        "own": ({"metadata": dict(rig.members.identity)}, None),
+        "older": (newer_row(rig.members, seconds_later=-60.0), None),
+        "error": (None, worker_error(503)),
+        "junk": (["not", "a", "row"], None),
+    }[row]
+    assert followup.answer(answer, err, T0 + 15.1) == []
+    assert not rig.members.yielded and rig.members.heartbeat_due(T0 + 20)
+
+
+def test_recover_row_allows_the_next_check(rig):
+    rig.registered(T0)
+    _, followup, _ = rig.heartbeat(T0 + 10)
+    followup.answer(None, None, T0 + 10)
+    rig.members.check_row_if_due(T0 + 15)
+    _, followup, _ = rig.submit.take("get_worker")
+    assert followup.recover(T0 + 15.1) == [] and not rig.members.row_check_inflight

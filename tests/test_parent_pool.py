@@ -119,6 +119,14 @@ def test_a_crash_is_a_lost_child_counted_and_restarted_at_once(rig):
     assert rig.pool.children[a.slot] is rig.spawner.spawned[-1] and rig.pool.children[a.slot] is not a
 
 
+def test_reaping_a_child_stops_what_is_left_of_its_process_group_before_a_new_child_starts(rig):
+    a, _ = rig.up()
+    rig.exit(a, 0, T0 + 1)
+    assert rig.signals.groups_killed == [a.slot] and a.slot not in rig.pool.children
+    rig.converge(T0 + 1)
+    assert rig.pool.children[a.slot] is not a
+
+
 def test_a_result_sent_just_before_dying_still_counts(rig):
     a, _ = rig.up()
     rig.give(a, "j1")
@@ -443,6 +451,7 @@ def test_shutdown_stops_idle_children_gracefully_busy_ones_by_signal_and_kills_t
     assert a.chan.sent == [{"t": "stop"}] and (a.slot, TERM) not in rig.signals.sent
     assert rig.signals.sent == [(b.slot, TERM), (b.slot, KILL)]
     assert rig.pool.children == {} and a.chan.closed and b.proc.closed
+    assert sorted(rig.signals.groups_killed) == [a.slot, b.slot]
 
 
 def test_kill_all_sends_sigkill_to_every_child(rig):
