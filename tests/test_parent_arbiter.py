@@ -235,6 +235,33 @@ def test_a_network_failure_is_not_an_api_answer(rig, monkeypatch):
     assert rig.arb.membership.api_ok_at == T0 + 1
 
 
+def test_a_429_answer_teaches_the_pacer_and_holds_claims(rig, monkeypatch):
+    rig.running()
+    rig.arb.feed_children(T0)
+    _, claim, _ = rig.submit.take("claim")
+    limited = error(429, "RATE_LIMIT_EXCEEDED", retry_after=2)
+    limited.body["limit"] = 10
+    monkeypatch.setattr(rig.arb.http, "done", lambda: [(claim, None, limited)])
+    rig.arb.take_answers(T0 + 0.1)
+    assert rig.arb.pacer.rate == pytest.approx(9.5) and rig.arb.pacer.rate_limited_answers == 1
+    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.jobs.claim_not_before >= T0 + 2.1
+    assert rig.arb.next_wakeup(T0 + 0.2) <= T0 + 1.2
+
+
+def test_until_empty_drains_and_exits_0_once_every_queue_came_back_short(monkeypatch):
+    rig = Rig(monkeypatch, until_empty=True)
+    try:
+        rig.running()
+        rig.arb.feed_children(T0)
+        rig.arb.check_drain(T0)
+        assert rig.arb.phase is Phase.RUNNING  # a claim is on the wire
+        rig.answer("claim", [], now=T0 + 0.1)
+        rig.arb.check_drain(T0 + 0.1)
+        assert rig.arb.exit_code == exitcodes.OK and rig.deregistered
+    finally:
+        rig.close()
+
+
 def test_the_loop_never_sleeps_past_a_second_or_a_part_deadline(rig):
     rig.running()
     rig.hold_job("a")

@@ -529,6 +529,88 @@ def test_an_outcome_not_yet_sent_is_due_at_once(rig):
 
 
 
+
+# ------------------------------------------------------------------ claim-ahead, queues in priority, until-empty
+
+def test_claim_ahead_measures_the_round_trip_and_claims_for_a_child_about_to_finish():
+    rig = Rig(prefetch=None)  # auto
+    rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
+    assert rig.flow.claim_rtt.value == pytest.approx(0.02)
+    for n, job_id in enumerate(("a", "b")):
+        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)  # ran 50 ms; "b" is due about now too
+    assert rig.intake.run_time.value == pytest.approx(0.05)
+    rig.maybe_claim(T0 + 0.07, 1)
+    call, _, _ = rig.submit.take("claim")
+    assert body(call)["limit"] == 3  # the idle child, the one about to finish, and a batch of one
+
+
+def test_claim_ahead_with_prefetch_n_reserves_at_most_n():
+    rig = Rig(prefetch=1)
+    rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
+    for n, job_id in enumerate(("a", "b")):
+        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)
+    rig.maybe_claim(T0 + 0.07, 1)
+    call, _, _ = rig.submit.take("claim")
+    assert body(call)["limit"] == 2
+
+
+def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
+    rig = Rig(prefetch=None)
+    rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
+    for n, job_id in enumerate(("a", "b")):
+        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+    rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1.02)  # 1 s jobs
+    rig.claim(T0 + 1.02, 1, [job("c")], answer_at=T0 + 1.04)
+    rig.flow.started(rig.entry("c"), fake_child(0), T0 + 1.04)
+    rig.flow.send_reports()
+    rig.submit.take("complete")
+    # "b" ends near T0 + 1.02, "c" near T0 + 2.04: with no idle child, wake within the horizon of "c"
+    at = rig.deadline(T0 + 1.5, may_claim=True, idle=0)
+    assert at is not None and T0 + 1.9 < at < T0 + 2.04
+
+
+def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
+    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig.maybe_claim(T0, 1)
+    call, followup, _ = rig.submit.take("claim")
+    assert body(call)["queue_name"] == "hi"
+    followup.answer([], None, T0)  # hi is empty: it backs off
+    rig.maybe_claim(T0, 1)
+    call, followup, _ = rig.submit.take("claim")
+    assert body(call)["queue_name"] == "lo"
+    followup.answer([dict(job("x"), queue_name="lo")], None, T0)
+    rig.maybe_claim(rig.flow.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
+    call, _, _ = rig.submit.take("claim")
+    assert body(call)["queue_name"] == "hi"  # back to the first queue once its back-off ends
+
+
+def test_no_claim_while_every_queue_backs_off(rig):
+    rig.claim(T0, 1, [])
+    rig.maybe_claim(T0 + 0.001, 1)
+    assert rig.submit.calls == []
+
+
+def test_exhausted_once_every_queue_came_back_short_and_nothing_is_held():
+    rig = Rig(queue="hi", queues=("hi", "lo"))
+    assert not rig.flow.exhausted()
+    rig.maybe_claim(T0, 1)
+    rig.submit.take("claim")[1].answer([], None, T0)
+    assert not rig.flow.exhausted()  # "lo" not asked yet
+    rig.maybe_claim(T0, 1)
+    rig.submit.take("claim")[1].answer([dict(job("x"), queue_name="lo")], None, T0)
+    assert not rig.flow.exhausted()  # a job is held (and lo gave all it was asked)
+    assert rig.flow.reserved() == 1
+
+
+def test_reserve_waits_are_measured_from_claim_to_start(rig):
+    assert rig.flow.reserve_wait_ms() is None
+    rig.claim(T0, 1, [job("a")])
+    rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.25)
+    assert rig.flow.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
+
+
 def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
     # One turn of the arbiter: the child's `done` frame is read first (job_done -> unsent), then the API
     # answers come in (a claim that hands the same job out again under a new lease), then feed_children
