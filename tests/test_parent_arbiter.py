@@ -570,10 +570,8 @@ def test_nothing_happens_outside_its_time(rig):
     assert rig.submit.routes() == [] and rig.arb.exit_code is None
 
 
-# ------------------------------------------------------------ bugs found (strict xfail: drop the mark with the fix)
+# ------------------------------------------------------------ regressions found by these tests
 
-@pytest.mark.xfail(strict=True, reason="BUG: Membership re-registers with the procs of its first registration "
-                                       "(Membership.procs); before the split register() sent the pool's current target")
 def test_registering_again_after_a_resize_tells_the_current_pool_size(rig):
     rig.running()
     rig.signal(signal.SIGTTIN)
@@ -581,5 +579,6 @@ def test_registering_again_after_a_resize_tells_the_current_pool_size(rig):
     rig.arb.membership.heartbeat_soon(T0 + 1)
     rig.arb.send_heartbeat(T0 + 1)
     rig.answer("worker_heartbeat", None, error(404, "NOT_FOUND", job_route=False), now=T0 + 1)
+    rig.arb.membership.register_if_due(T0 + 1, rig.arb.pool.target)  # what the next turn does
     call, _, _ = rig.submit.take("register")
     assert body(call)["max_concurrency"] == 3 and body(call)["metadata"]["procs"] == 3

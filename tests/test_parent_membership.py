@@ -98,10 +98,10 @@ def test_register_failure_is_retried_with_a_growing_back_off(rig, answer):
         top = min(60.0, 1.0 * 2 ** (attempt - 1))
         assert top / 2 <= wait <= top
         assert rig.members.next_deadline() == rig.members.register_at
-        rig.members.register_if_due(rig.members.register_at - 0.001)
+        rig.members.register_if_due(rig.members.register_at - 0.001, 2)
         assert rig.submit.calls == []
         now = rig.members.register_at
-        rig.members.register_if_due(now)
+        rig.members.register_if_due(now, 2)
         assert rig.submit.routes() == ["register"] and rig.members.register_at is None
     assert not rig.members.registered
 
@@ -115,7 +115,7 @@ def test_register_429_waits_at_least_retry_after(rig):
 def test_a_successful_registration_resets_the_back_off(rig):
     _, followup, _ = rig.register()
     followup.answer(None, worker_error(502), T0)
-    rig.members.register_if_due(rig.members.register_at)
+    rig.members.register_if_due(rig.members.register_at, 2)
     _, followup, _ = rig.submit.take("register")
     followup.answer({}, None, T0 + 2)
     assert rig.members.register_attempts == 0 and rig.members.register_at is None
@@ -125,14 +125,6 @@ def test_recover_register_tries_again_in_5_s(rig):
     _, followup, _ = rig.register()
     assert followup.recover(T0) == []
     assert not rig.members.register_inflight and rig.members.register_at == T0 + 5
-
-
-def test_draining_gives_up_a_pending_registration(rig):
-    _, followup, _ = rig.register()
-    followup.answer(None, worker_error(503), T0)
-    rig.members.give_up_registering()
-    rig.members.register_if_due(T0 + 1000)
-    assert rig.submit.calls == [] and rig.members.next_deadline() is None
 
 
 # ------------------------------------------------------------------ heartbeats
@@ -154,8 +146,10 @@ def test_heartbeat_404_registers_again(rig):
     _, followup, _ = rig.heartbeat(T0 + 10)
     assert followup.answer(None, worker_error(404, "NOT_FOUND"), T0 + 10.1) == []
     assert not rig.members.registered and not rig.members.heartbeat_due(T0 + 1000)
+    assert rig.members.register_at == T0 + 10.1 and rig.members.next_deadline() == T0 + 10.1
+    rig.members.register_if_due(T0 + 10.1, 3)  # the arbiter passes the pool's current size
     call, followup, _ = rig.submit.take("register")
-    assert body(call)["max_concurrency"] == 2
+    assert body(call)["max_concurrency"] == 3
     followup.answer({"heartbeat_interval_secs": 5}, None, T0 + 11)
     assert rig.members.registered and rig.members.next_heartbeat_at == T0 + 16
 

@@ -287,8 +287,6 @@ def imports_of(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: membership.py imports `Submit` from supervisor.parent.jobs (issue 9: "
-                                       "parts do not import or call each other); Submit belongs in facts.py")
 def test_parts_do_not_import_each_other_or_the_arbiter():
     found = []
     for part in PARTS:

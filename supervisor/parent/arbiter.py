@@ -142,7 +142,7 @@ class Arbiter:
         self.http.expire(now)
         self.take_answers(now)
         self.pacer.release(now)
-        self.membership.register_if_due(now)
+        self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
         self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
@@ -233,7 +233,7 @@ class Arbiter:
             elif isinstance(fact, ExitNow):
                 self.finish(fact.code)
             elif isinstance(fact, TakenOver):
-                self.begin_drain(now, exitcodes.WORKER_ID_IN_USE)
+                self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
 
     def reap(self, child, now: float) -> None:
         try:
@@ -305,10 +305,15 @@ class Arbiter:
         log_event(log, logging.ERROR, f"stopping: {exitcodes.NAMES.get(fact.code, fact.code)}", error=fact.error)
         if not self.membership.registered:
             self.finish(fact.code)
-        elif self.phase is Phase.DRAINING:
-            self.drain_code = fact.code
         else:
-            self.begin_drain(now, fact.code)
+            self.drain_with(now, fact.code)
+
+    def drain_with(self, now: float, code: int) -> None:
+        """Drain (if not draining already) and exit with `code` once drained."""
+        if self.phase is Phase.DRAINING:
+            self.drain_code = code
+        else:
+            self.begin_drain(now, code)
 
     def begin_drain(self, now: float, code: int) -> None:
         if self.phase in (Phase.DRAINING, Phase.STOPPED):

@@ -1,7 +1,7 @@
 """The job flow: claim just ahead of need, hand jobs over, renew leases, enforce timeouts, report
 outcomes, and give up on work whose lease is lost.
 
-`JobFlow` alone owns the in-flight table and the claim timing. It never touches a child: the
+`JobFlow` alone owns the in-flight table and the claim timing. It never changes a child: the
 arbiter tells it which children are idle and what they answered (`job_done`, `child_lost`), and it
 answers with facts (`StopJob` for a child whose job it gave up on, `Fatal` on a 401). Every API
 call goes out through `submit(call, followup)` and comes back to the followup's methods.
@@ -52,7 +52,10 @@ class QueueIntake:
             self.empty_claims = 0
             self.next_claim_at = now
 
-    def gave_work(self, now: float) -> None:
+    def gave_work(self, now: float, duration: float | None) -> None:
+        """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
+        if duration is not None:
+            self.run_time.add(duration)
         self.next_claim_at = min(self.next_claim_at, now)
 
 
@@ -131,9 +134,7 @@ class JobFlow:
         self.unsent.append(entry)
         intake = self.queues.get(entry.queue)
         if intake is not None:
-            if entry.duration is not None:
-                intake.run_time.add(entry.duration)
-            intake.gave_work(now)  # a child is free and this queue had work: ask it again at once
+            intake.gave_work(now, entry.duration)  # ask it again at once
         return []
 
     def child_lost(self, fact: ChildLost, now: float) -> list[Fact]:
@@ -201,12 +202,14 @@ class JobFlow:
         self.claim_failures = 0
         self.claim_not_before = 0.0
         facts: list[Fact] = []
+        taken = 0
         for job in jobs:
             if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job.get("lease_id"):
                 log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(job)[:200])
                 continue
             facts += self._take_claimed(job, sent_at, now)
-        self.hooks.claimed(len(jobs))
+            taken += 1
+        self.hooks.claimed(taken)
         intake.answered(asked, len(jobs), now, self.cfg.poll_interval)
         return facts
 

@@ -83,9 +83,10 @@ class Membership:
                                       list(self.cfg.queues))
         self.submit(call, Followup(self.on_register, self.recover_register))
 
-    def register_if_due(self, now: float) -> None:
+    def register_if_due(self, now: float, procs: int) -> None:
+        """(Re)register when a retry is due, with the pool's current size."""
         if self.register_at is not None and now >= self.register_at:
-            self.register(self.procs, now)
+            self.register(procs, now)
 
     def on_register(self, answer, error, now: float) -> list[Fact]:
         self.register_inflight = False
@@ -124,10 +125,6 @@ class Membership:
             self.register_at = now + 5.0
         return []
 
-    def give_up_registering(self) -> None:
-        """Draining: a registration that failed is not retried."""
-        self.register_at = None
-
     def deregistered(self) -> None:
         self.registered = False
         self.register_at = None
@@ -151,7 +148,7 @@ class Membership:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
             self.registered = False
             self.next_heartbeat_at = float("inf")
-            self.register(self.procs, now)
+            self.register_at = now  # register_if_due sends it this turn, with the pool's current size
         elif isinstance(error, api.Unauthorized):
             return [Fatal(exitcodes.AUTH, str(error))]
         else:

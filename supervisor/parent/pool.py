@@ -284,9 +284,11 @@ class ChildPool:
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
                                 self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
-        except OSError as exc:
-            log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc))
-            self.respawn_at[slot] = now + backoff(self.boot_failures.get(slot, 0) + 1, 0.5, 30.0)
+        except OSError as exc:  # out of processes or memory: back off like a child that failed to start
+            failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
+            self.last_boot_failure = now
+            self.respawn_at[slot] = now + backoff(failures, 0.5, 30.0)
+            log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc), failures=failures)
             return
         self.children[slot] = child
         self.sel.register(child.chan.sock, selectors.EVENT_READ, ("chan", child))
