@@ -11,8 +11,6 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 PARENT = Path(__file__).resolve().parent.parent / "supervisor" / "parent"
 # (class whose methods may write, class whose fields they write): Entry is InFlight's record.
 RECORDS = {("InFlight", "Entry")}
