@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import DevServer
 
 pytest.importorskip("grpc", reason="the grpc extra is not installed")
