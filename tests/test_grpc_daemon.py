@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, free_port, parse_ts
+from conftest import ROOT, free_port, parse_ts, wait_until
 from grpc_support import start_server
 
 from supervisor.client import rest as api
@@ -25,7 +25,7 @@ Q = "gq"
 class Driver:
     """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
 
-    def __init__(self, address: str, key: str, timeout: float = 5.0):
+    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary"):
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
@@ -33,7 +33,8 @@ class Driver:
         self.sel.register(self.r, selectors.EVENT_READ)
         cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None)
         self.requests: list[tuple] = []
-        self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a))
+        self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
+                                               mode=mode)
         self.answers: dict = {}
 
     def turn(self) -> None:
@@ -81,9 +82,14 @@ def server(tmp_path):
     s.stop()
 
 
+@pytest.fixture(params=["unary", "stream"])
+def mode(request):
+    return request.param
+
+
 @pytest.fixture
-def drv(server):
-    d = Driver(server.grpc_address, server.api_key)
+def drv(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode)
     yield d
     d.close()
 
@@ -146,8 +152,8 @@ def test_non_object_payload_arrives_as_none(server, drv):
     assert job["id"] == jid and job["payload"] is None
 
 
-def test_wrong_key_is_unauthorized(server):
-    d = Driver(server.grpc_address, "sp_test_not-the-key")
+def test_wrong_key_is_unauthorized(server, mode):
+    d = Driver(server.grpc_address, "sp_test_not-the-key", mode=mode)
     try:
         _, err = d.call("reg", d.api.register_call(Q, "gw", "h", 1, {}))
         assert isinstance(err, api.Unauthorized)
@@ -158,17 +164,25 @@ def test_wrong_key_is_unauthorized(server):
         d.close()
 
 
-def test_stream_cut_mid_run_loses_no_settlement(server, drv):
+def test_stream_cut_mid_run_loses_no_settlement(server, drv, mode):
     a = drv.api
     ids = [server.enqueue(Q, {"i": i}) for i in range(6)]
     jobs = drv.ok("claim", a.claim_call(Q, "gw", 6, 60))
     assert len(jobs) == 6
-    server.faults(cut=1.0)  # every message is handled, then the stream is cut before its answer
-    drv.client.submit("c0", a.complete_call(jobs[0]["id"], "gw", jobs[0]["lease_id"], {"k": 0}))
-    drv.run_until(lambda: drv.client.failures >= 1, what="the stream to break")
-    server.faults(cut=0.0)
-    drv.run_until(lambda: "c0" in drv.answers, what="the re-sent complete")
-    assert drv.answers.pop("c0") == (None, None)  # re-sent, answered NOT_FOUND: counted as done
+    server.faults(cut=1.0)  # every call is handled, then its answer is cut (the stream with it)
+    complete0 = a.complete_call(jobs[0]["id"], "gw", jobs[0]["lease_id"], {"k": 0})
+    if mode == "stream":  # the transport re-sends it on a new stream
+        drv.client.submit("c0", complete0)
+        drv.run_until(lambda: drv.client.failures >= 1, what="the stream to break")
+        server.faults(cut=0.0)
+        drv.run_until(lambda: "c0" in drv.answers, what="the re-sent complete")
+        assert drv.answers.pop("c0") == (None, None)  # answered NOT_FOUND: counted as done
+    else:  # the parent retries a call that came back Unavailable
+        _, err = drv.call("c0", complete0)
+        assert isinstance(err, api.Unavailable)
+        server.faults(cut=0.0)
+        assert drv.call("c0-again", a.complete_call(jobs[0]["id"], "gw", jobs[0]["lease_id"], {"k": 0})) == (None, None)
+    assert server.job(jobs[0]["id"])["result"] == {"k": 0.0}
     # chaos: cuts and 503s on a third of the messages; the parent's retry (a fresh call) stands in for on_report
     server.faults(cut=0.2, fail_503=0.2)
     for job in jobs[1:]:
@@ -181,23 +195,25 @@ def test_stream_cut_mid_run_loses_no_settlement(server, drv):
     assert [server.job(i)["status"] for i in ids] == ["completed"] * 6
 
 
-def test_unreachable_server_gives_unavailable_then_recovers(tmp_path):
+def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
     port = free_port()
-    d = Driver(f"127.0.0.1:{port}", "sp_test_x", timeout=2.0)
+    d = Driver(f"127.0.0.1:{port}", "sp_test_x", timeout=2.0, mode=mode)
     server = None
     try:
         _, err = d.call("reg", d.api.register_call(Q, "gw", "h", 1, {}))
         assert isinstance(err, api.Unavailable)
         _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
         assert isinstance(err, api.Unavailable)
-        assert d.client.failures >= 1
+        assert d.client.failures >= 1 or mode == "unary"
         server = start_server(tmp_path, "--grpc-port", str(port))  # (the later flag wins)
         d.api._key = Secret(server.api_key)
         jid = server.enqueue(Q, {"x": 1})
-        for attempt in range(10):
-            jobs, err = d.call(("claim", attempt), d.api.claim_call(Q, "gw", 1, 30))
-            if err is None:
-                break
+        attempts = iter(range(1000))
+
+        def claimed():
+            jobs, err = d.call(("claim", next(attempts)), d.api.claim_call(Q, "gw", 1, 30))
+            return jobs if err is None and jobs else None
+        jobs = wait_until(claimed, timeout=20, interval=0.2, what="the transport to reach the server again")
         assert [j["id"] for j in jobs] == [jid]
     finally:
         d.close()

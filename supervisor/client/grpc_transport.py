@@ -7,18 +7,24 @@
 typed errors (`supervisor.client.rest`), so the parent stays transport-agnostic.
 
 Design, for the parent's single select() loop:
-- Register and heartbeat are unary calls (`future()`); claims, completes, fails and renewals go
-  in-band on one `ProcessJobs` stream: a claim for N idle children is N `dequeue` messages, and
-  answers are matched to requests in order (an in-band error carries no job id).
-- gRPC's threads (the stream's reader, the futures' callbacks) only append events to a deque and
+- Two shapes (`mode`), measured by benchmarks/bench_grpc.py. `unary` (the default): every call is
+  its own RPC (`future()`), concurrent on the one HTTP/2 connection; a claim for N idle children is
+  one `Dequeue(batch_size=N)`. `stream`: claims, completes, fails and renewals go in-band on one
+  `ProcessJobs` stream (a claim for N is N `dequeue` messages; answers matched to requests in
+  order, an in-band error carries no job id). The server answers a stream's messages one after the
+  other, so with API latency L one stream settles at most 1/L jobs per second whatever --procs is,
+  and its per-job claims cost more CPU than one batched Dequeue: `stream` is only ahead for a single
+  child on a fast link. Register and heartbeat are unary in both.
+- gRPC's threads (the futures' callbacks, the stream's reader) only append events to a deque and
   write one byte to the loop's wake-up fd; all state changes happen on the loop thread in `expire`
   and `done`. No selector registration is needed (`on_ready` is never called).
 - The channel is created on the first call, i.e. after the forkserver started: children never hold
-  gRPC state and never import grpc (this module is imported only by the parent).
-- A broken stream (any end, a cut, a call past its deadline) is reopened with back-off; settlements
-  it left unanswered are re-sent first, and a re-sent complete/fail answered NOT_FOUND counts as done
-  (the first copy was applied). Unanswered dequeues are not re-sent (they may have leased a job,
-  which comes back when that lease runs out, as with a cut REST claim).
+  gRPC state and never import grpc (this module imports grpc only inside functions).
+- Settlements whose answer was lost (UNAVAILABLE, a deadline, a broken stream) are remembered by job
+  id: when one is sent again (by the parent's retry, or re-sent first on a reopened stream) and the
+  server answers NOT_FOUND, that counts as done (the first copy was applied). A broken stream is
+  reopened with back-off; its unanswered dequeues are not re-sent (they may have leased a job, which
+  comes back when that lease runs out, as with a cut REST claim).
 - Struct numbers arrive as doubles: whole numbers below 2**53 in a payload become `int` again
   before the handler sees them (so 5.0 sent by a producer also arrives as 5); integers of 2**53 or
   more were already rounded by the sender's Struct. A non-object payload arrives as None. A result
@@ -60,6 +66,8 @@ MAX_MESSAGE = 4 * 1024 * 1024
 EXACT_INT = 2 ** 53
 STREAM_KINDS = ("claim", "complete", "fail", "renew")
 UNARY_ROUTES = {"register": "Register", "heartbeat": "Heartbeat"}
+JOB_UNARY = {"claim": ("Dequeue", "dequeue"), "complete": ("Complete", "complete"), "fail": ("Fail", "fail"),
+             "renew": ("RenewLease", "renew_lease")}
 
 
 class GrpcMissing(ImportError):
@@ -235,6 +243,10 @@ class GrpcAPI:
 
             options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
                        ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
+                       # reconnect soon after an outage (grpc's default back-off grows to 120 s); the parent
+                       # paces its own retries
+                       ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                       ("grpc.max_reconnect_backoff_ms", 5_000),
                        ("grpc.primary_user_agent", f"spooled-supervisor/{__version__}")]
             if self.tls:
                 roots = None
@@ -341,6 +353,14 @@ class GrpcAPI:
         return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
 
 
+def _unary_job_answer(kind: str, answer):
+    if kind == "claim":
+        return [job_dict(j) for j in answer.jobs]
+    if kind == "fail":
+        return {"will_retry": answer.will_retry, "next_retry_delay_secs": answer.next_retry_delay_secs}
+    return None
+
+
 def _heartbeat_answer(r) -> dict:
     if not r.acknowledged:
         raise Rejected(404, "NOT_FOUND", "the API does not know this worker (heartbeat not acknowledged)")
@@ -407,7 +427,10 @@ class _Stream:
 class LoopGrpc:
     """`LoopHTTP`'s interface over gRPC (see the module docstring). Only the loop thread calls it."""
 
-    def __init__(self, api: GrpcAPI, sel=None, wake_fd: int = -1):
+    def __init__(self, api: GrpcAPI, sel=None, wake_fd: int = -1, mode: str = "unary"):
+        if mode not in ("stream", "unary"):
+            raise ValueError("mode must be 'stream' or 'unary'")
+        self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -429,6 +452,8 @@ class LoopGrpc:
             self._result(tag, call, now, error=call.error)
             return
         self.api.connect()
+        if call.kind in STREAM_KINDS and self.mode == "unary":
+            return self._submit_unary_job(tag, call, now)
         if call.kind in STREAM_KINDS:
             item = _Pending(tag, call, now, now + self.api.timeout)
             if first:
@@ -439,6 +464,15 @@ class LoopGrpc:
             return
         method = getattr(self.api.worker_stub, UNARY_ROUTES[call.kind])
         future = method.future(call.message, metadata=self.api.metadata, timeout=self.api.timeout)
+        future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
+
+    def _submit_unary_job(self, tag, call: GrpcCall, now: float) -> None:
+        rpc, field_name = JOB_UNARY[call.kind]
+        request = getattr(call.message, field_name)
+        if call.kind == "claim":
+            request.batch_size = call.count
+        future = getattr(self.api.queue_stub, rpc).future(request, metadata=self.api.metadata,
+                                                          timeout=self.api.timeout)
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
     def done(self) -> list[tuple]:
@@ -593,11 +627,19 @@ class LoopGrpc:
         try:
             answer = future.result()
         except grpc.RpcError as exc:
-            return self._result(tag, call, started, error=map_status(exc.code(), exc.details() or "", False))
+            code = exc.code()
+            if call.kind in ("complete", "fail"):
+                if code == grpc.StatusCode.NOT_FOUND and call.job_id in self.maybe_applied:
+                    self.maybe_applied.discard(call.job_id)
+                    return self._result(tag, call, started)  # a retried settlement: the first copy was applied
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self.maybe_applied.add(call.job_id)
+            return self._result(tag, call, started, error=map_status(code, exc.details() or "", call.job_route))
         except grpc.FutureCancelledError:
             return self._result(tag, call, started, error=Unavailable(0, "CANCELLED", "call cancelled"))
+        self.maybe_applied.discard(call.job_id)
         try:
-            result = call.answer(answer) if call.answer else None
+            result = call.answer(answer) if call.answer else _unary_job_answer(call.kind, answer)
         except ApiError as exc:
             return self._result(tag, call, started, error=exc)
         self._result(tag, call, started, result)
@@ -634,12 +676,13 @@ class LoopGrpc:
 
 
 def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
-                   ) -> tuple[GrpcAPI, LoopGrpc]:
-    """(api, client) for `cfg.transport == 'grpc'`: uses cfg.grpc_url, cfg.api_key, cfg.api_timeout and
-    cfg.ca_bundle. Raises GrpcMissing (one line to print, exit 2) without the grpc extra, ValueError
-    for a malformed URL. Creates no channel and no thread."""
+                   mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
+    """(api, client) for `cfg.transport == 'grpc'`: uses cfg.grpc_url, cfg.api_key, cfg.api_timeout,
+    cfg.ca_bundle and (if present) cfg.grpc_mode ('unary' or 'stream', else `mode`). Raises GrpcMissing
+    (one line to print, exit 2) without the grpc extra, ValueError for a malformed URL. Creates no
+    channel and no thread."""
     require_grpc()
     api = GrpcAPI(getattr(cfg, "grpc_url", None) or DEFAULT_GRPC_URL, cfg.api_key,
                   timeout=getattr(cfg, "api_timeout", 10.0), ca_bundle=getattr(cfg, "ca_bundle", None),
                   on_request=on_request)
-    return api, LoopGrpc(api, selector, wake_fd)
+    return api, LoopGrpc(api, selector, wake_fd, mode=getattr(cfg, "grpc_mode", None) or mode)
