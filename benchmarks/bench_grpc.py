@@ -35,7 +35,7 @@ QUEUE = "bench-grpc"
 
 class Server:
     def __init__(self, tmp: str, delay_ms: int):
-        self.db, self.delay_ms = os.path.join(tmp, f"grpc-{delay_ms}.db"), delay_ms
+        self.db, self.delay_ms = os.path.join(tmp, f"grpc-{delay_ms}.db"), max(0, delay_ms)
 
     def start(self) -> Server:
         env = child_env()
@@ -131,6 +131,45 @@ def drive(kind: str, server: Server, total: int, slots: int) -> dict:
             "jobs_per_s": round(total / wall)}
 
 
+def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int, payload: dict) -> dict:
+    """The real daemon (`--transport`) draining `count` jobs: wall time and parent CPU per job."""
+    queue = f"d-{transport}-{procs}-{len(payload)}"
+    log_path = os.path.join(tmp, f"{queue}.log")
+    cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", "benchmarks.handlers:burn", "--procs",
+           str(procs), "--api-url", server.url, "--worker-id", f"bench-{queue}", "--poll-interval", "0.1",
+           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=server.key), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ps = psutil.Process(proc.pid)
+        time.sleep(1.0)  # let it register and idle (its start-up CPU is not per-job cost)
+        cpu0 = cpu_seconds(ps)
+        t0 = time.monotonic()
+        for start in range(0, count, 100):
+            server.rest.bulk_create(queue, [payload] * min(100, count - start))
+        deadline = time.monotonic() + 120
+        while (server.rest.get("/api/v1/jobs/stats")["completed"] < server.completed_before + count):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon ({transport}) stalled; log: {open(log_path).read()[-1500:]}")
+            time.sleep(0.5)  # /jobs/stats scans every job: not too often
+        wall, cpu = time.monotonic() - t0, cpu_seconds(ps) - cpu0
+    finally:
+        stop_popen(proc)
+    server.completed_before += count
+    return {"transport": f"daemon-{transport}", "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
+            "wall_us": round(wall / count * 1e6), "parent_cpu_us": round(cpu / count * 1e6),
+            "jobs_per_s": round(count / wall)}
+
+
+def grpc_wired() -> bool:
+    import inspect
+
+    import supervisor.commands.run
+
+    return "grpc" in inspect.getsource(supervisor.commands.run)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=1500, help="jobs per row without added latency (default 1500)")
@@ -139,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", default="1,8", help="jobs held at once (children), comma-separated (default 1,8)")
     ap.add_argument("--transports", default="rest,grpc,grpc-unary",
                     help="rest, grpc (one ProcessJobs stream), grpc-unary (one RPC per call); default all three")
+    ap.add_argument("--daemon-jobs", type=int, default=600, help="jobs per daemon row (default 600; 0 = none)")
+    ap.add_argument("--procs", type=int, default=2, help="daemon --procs for the daemon rows (default 2)")
     args = ap.parse_args(argv)
     rows, busy0, t0 = [], machine_busy(), time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
@@ -156,6 +197,19 @@ def main(argv=None) -> int:
                               flush=True)
             finally:
                 server.stop()
+        daemon_rows = []
+        if args.daemon_jobs and grpc_wired():
+            server = Server(tmp, -1).start()
+            server.completed_before = 0
+            try:
+                for payload in ({}, {"ms": 5}):
+                    for transport in ("rest", "grpc"):
+                        row = daemon_row(server, tmp, transport, args.daemon_jobs, args.procs, payload)
+                        daemon_rows.append(row)
+                        print(f"  {row['transport']:10} work={row['work_ms']}ms: {row['parent_cpu_us']} us parent "
+                              "CPU/job", file=sys.stderr, flush=True)
+            finally:
+                server.stop()
     head = (f"{'transport':10} {'slots':>5} {'delay ms':>8} {'jobs/s':>7} {'wall us/job':>11} "
             f"{'client CPU us/job':>17} {'server CPU us/job':>17}")
     busy = round((machine_busy() - busy0) / (time.monotonic() - t0), 2)
@@ -165,7 +219,13 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['transport']:10} {r['slots']:>5} {r['delay_ms']:>8} {r['jobs_per_s']:>7} {r['wall_us']:>11} "
               f"{r['client_cpu_us']:>17} {r['server_cpu_us']:>17}")
-    print(json.dumps({"bench": "grpc_vs_rest", "machine_busy_cores": busy, "rows": rows}))
+    if daemon_rows:
+        print(f"\nthe daemon, --procs {args.procs}, {args.daemon_jobs} jobs per row")
+        print(f"{'transport':14} {'work ms':>7} {'jobs/s':>7} {'wall us/job':>11} {'parent CPU us/job':>17}")
+        for r in daemon_rows:
+            print(f"{r['transport']:14} {r['work_ms']:>7} {r['jobs_per_s']:>7} {r['wall_us']:>11} "
+                  f"{r['parent_cpu_us']:>17}")
+    print(json.dumps({"bench": "grpc_vs_rest", "machine_busy_cores": busy, "rows": rows, "daemon_rows": daemon_rows}))
     return 0
 
 

@@ -260,6 +260,10 @@ class GrpcAPI:
             self.queue_stub = pb_grpc.QueueServiceStub(self._channel)
             self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
 
+    def loop_client(self, sel, wake_fd: int, mode: str = "unary") -> LoopGrpc:
+        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST)."""
+        return LoopGrpc(self, sel, wake_fd, mode=mode)
+
     def close(self) -> None:
         with self._lock:
             if self._channel is not None:
