@@ -29,6 +29,8 @@ def server(tmp_path):
     s = start_server(tmp_path)
     yield s
     s.stop()
+    noise = [line for line in s.out.lines if "warning" in line or "Traceback" in line]
+    assert not noise, noise  # no internal error and no stack trace, whatever the clients did
 
 
 @pytest.fixture
@@ -226,6 +228,26 @@ def test_stream_jobs_one_job_out_at_a_time_and_woken_by_rest_enqueue(server, cli
         stream.cancel()
 
 
+def test_stream_jobs_sleeps_until_a_scheduled_job_is_due_without_polling(server, client):
+    import psutil
+    from datetime import UTC, datetime
+
+    stream = client.queue.stream_jobs(Q, "patient", lease_duration_secs=30)
+    got = _reader(stream)
+    try:
+        client.queue.get_queue_stats(Q)  # the stream is open and waiting on an empty queue
+        ps = psutil.Process(server.proc.pid)
+        cpu0 = sum(ps.cpu_times()[:2])
+        due = time.time() + 2.0
+        jid = server.enqueue(Q, {"n": 1}, scheduled_at=datetime.fromtimestamp(due, UTC).isoformat())
+        job = got.get(timeout=15)
+        assert job.id == jid and time.time() >= due - 0.05  # delivered once due, not before
+        cpu = sum(ps.cpu_times()[:2]) - cpu0
+        assert cpu < 0.3, f"the dev server burnt {cpu:.2f} s of CPU while the stream waited 2 s"
+    finally:
+        stream.cancel()
+
+
 def test_stream_jobs_next_job_after_the_lease_runs_out(server, client):
     stream = client.queue.stream_jobs(Q, "slow", lease_duration_secs=5)
     got = _reader(stream)
@@ -319,3 +341,11 @@ def test_quota_and_rate_limit_are_resource_exhausted(tmp_path):
     finally:
         client.close()
         server.stop()
+
+
+def test_grpc_port_without_the_extra_exits_2_saying_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['grpc'] = None; from supervisor.devserver.cli import main; "
+            f"sys.exit(main(['--port', '0', '--grpc-port', '0', '--db', {str(tmp_path / 'x.db')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "pip install 'spooled-supervisor[grpc]'" in done.stderr and len(done.stderr.strip().splitlines()) == 1

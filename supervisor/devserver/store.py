@@ -164,8 +164,9 @@ def worker_dict(row, full: bool) -> dict:
 
 
 class JobsChanged:
-    """A counter bumped after every committed write, so waiters (gRPC StreamJobs) wake on an enqueue,
-    a settlement, a renewal or a recovery instead of polling. `wait(seen, timeout)` returns the counter."""
+    """A counter bumped after every committed write that changed a row, so waiters (gRPC StreamJobs)
+    wake on an enqueue, a settlement, a renewal or a recovery instead of polling. An empty claim changes
+    nothing, so a waiter's own retry never wakes it again. `wait(seen, timeout)` returns the counter."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -213,13 +214,15 @@ class Store:
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
+            before = db.total_changes
             try:
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-        if hasattr(self, "changed"):  # (not yet during __init__)
+            changed = db.total_changes != before
+        if changed and hasattr(self, "changed"):  # a write that changed nothing (an empty claim) wakes no one
             self.changed.bump()
 
     def _read(self, sql, args=()):
@@ -538,7 +541,7 @@ class Store:
         """(status, lease_id, lease_expires_at) of a job, or None if unknown."""
         rows = self._read("SELECT status, lease_id, lease_expires_at FROM jobs WHERE id=? AND organization_id=?",
                           (job_id, org))
-        return tuple(rows[0]) if rows else None  # type: ignore[return-value]
+        return tuple(rows[0]) if rows else None
 
     def next_due(self, org: str, queue: str) -> float | None:
         """When the earliest not-yet-due job of the queue (a retry's back-off, a scheduled job) becomes due."""
