@@ -229,8 +229,9 @@ def test_stream_jobs_one_job_out_at_a_time_and_woken_by_rest_enqueue(server, cli
 
 
 def test_stream_jobs_sleeps_until_a_scheduled_job_is_due_without_polling(server, client):
-    import psutil
     from datetime import UTC, datetime
+
+    import psutil
 
     stream = client.queue.stream_jobs(Q, "patient", lease_duration_secs=30)
     got = _reader(stream)
