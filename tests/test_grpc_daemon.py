@@ -25,13 +25,14 @@ Q = "gq"
 class Driver:
     """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
 
-    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary"):
+    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None):
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
         self.sel = selectors.DefaultSelector()
-        self.sel.register(self.r, selectors.EVENT_READ)
-        cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None)
+        self.sel.register(self.r, selectors.EVENT_READ, ("wake", None))
+        cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None,
+                              api_url=rest_url)
         self.requests: list[tuple] = []
         self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
                                                mode=mode)
@@ -41,7 +42,11 @@ class Driver:
         now = time.monotonic()
         deadline = self.client.next_deadline()
         wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - now))
-        if self.sel.select(wait):
+        for key, mask in self.sel.select(wait):
+            kind, obj = key.data
+            if kind == "http":  # the REST fallback's sockets
+                self.client.on_ready(obj, mask, time.monotonic())
+                continue
             try:
                 while os.read(self.r, 4096):
                     pass
@@ -144,6 +149,49 @@ def test_claim_complete_fail_renew_in_band(server, drv):
     assert isinstance(err, api.Rejected) and "only JSON objects" in err.message  # never sent
     assert server.job(third["id"])["status"] == "processing"
     assert drv.ok("empty", a.claim_call("other-queue", "gw", 2, 30)) == []
+
+
+def test_rest_fallback_delivers_a_non_object_result_exactly(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=server.url)
+    try:
+        server.enqueue(Q, {"x": 1})
+        (job,) = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        value = [1, 2, {"big": 2 ** 60}]
+        assert d.ok("c", d.api.complete_call(job["id"], "gw", job["lease_id"], value)) == {"success": True}
+        assert server.job(job["id"])["result"] == value  # over REST: exact, big integer included
+        assert ("complete", 200) in {(r[0], r[1]) for r in d.requests}
+    finally:
+        d.close()
+
+
+def test_a_failing_rest_fallback_answers_as_grpc_did(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=f"http://127.0.0.1:{free_port()}")
+    try:
+        server.enqueue(Q, {"x": 1})
+        (job,) = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        _, err = d.call("c", d.api.complete_call(job["id"], "gw", job["lease_id"], ["not", "an", "object"]))
+        assert isinstance(err, api.Rejected) and "only JSON objects" in err.message and "REST fallback" in err.message
+        assert server.job(job["id"])["status"] == "processing"  # the parent now fails it with that error
+    finally:
+        d.close()
+
+
+def test_rest_fallback_settles_while_grpc_is_down(server, mode):
+    d = Driver(f"127.0.0.1:{free_port()}", server.api_key, timeout=2.0, mode=mode, rest_url=server.url)
+    try:
+        ids = [server.enqueue(Q, {"x": i}, max_retries=2) for i in range(2)]
+        jobs = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "gw", "limit": 2})
+        one, two = jobs.json()["jobs"]
+        _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
+        assert isinstance(err, api.Unavailable)  # claims have no fallback
+        assert d.call("c", d.api.complete_call(one["id"], "gw", one["lease_id"], {"r": 1}))[1] is None
+        assert d.call("f", d.api.fail_call(two["id"], "gw", two["lease_id"], "went wrong"))[1] is None
+        assert server.job(one["id"])["status"] == "completed" and server.job(one["id"])["result"] == {"r": 1}
+        rest = server.job(two["id"])
+        assert rest["status"] == "pending" and rest["retry_count"] == 1 and rest["last_error"] == "went wrong"
+        assert sorted(ids) == sorted([one["id"], two["id"]])
+    finally:
+        d.close()
 
 
 def test_non_object_payload_arrives_as_none(server, drv):

@@ -28,8 +28,12 @@ Design, for the parent's single select() loop:
 - Struct numbers arrive as doubles: whole numbers below 2**53 in a payload become `int` again
   before the handler sees them (so 5.0 sent by a producer also arrives as 5); integers of 2**53 or
   more were already rounded by the sender's Struct. A non-object payload arrives as None. A result
-  that is not a JSON object cannot travel: the complete is refused (`Rejected`), which makes the
-  parent fail the job with a clear error.
+  that is not a JSON object cannot travel over gRPC: without a REST fallback the complete is refused
+  (`Rejected`), which makes the parent fail the job with a clear error.
+- With a REST API (`GrpcAPI(rest=SpooledAPI)`, which make_transport builds from cfg.api_url), a
+  complete or fail that gRPC could not deliver (Unavailable) goes out once more over REST on a
+  LoopHTTP of its own (a 409 "already completed" there, after a lost gRPC answer, counts as done),
+  and a result gRPC cannot carry (not a JSON object) is delivered over REST, exactly.
 - TLS unless the host is loopback; `ca_bundle` replaces the system roots.
 """
 
@@ -56,6 +60,7 @@ from supervisor.client.rest import (
     RateLimited,
     Rejected,
     Secret,
+    SpooledAPI,
     Unauthorized,
     Unavailable,
 )
@@ -206,6 +211,9 @@ class GrpcCall:
     job_route: bool = False
     error: ApiError | None = None  # refused before sending
     answer: Callable | None = None  # the proto answer -> the result the parent sees
+    rest_call: Callable[[], object] | None = None  # the same settlement as a REST Call (the fallback)
+    rest_only: bool = False  # cannot travel over gRPC (a non-object result): send it over REST
+    fell_back: bool = False
 
 
 class GrpcAPI:
@@ -213,8 +221,9 @@ class GrpcAPI:
     the call metadata; it never appears in a repr, a log line or an exception."""
 
     def __init__(self, url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
-                 on_request: Callable[[str, int, float], None] | None = None):
+                 on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None):
         self.target, self.host, self.tls = parse_grpc_url(url)
+        self.rest = rest  # REST for settlements gRPC cannot carry or deliver right now (None: no fallback)
         self.base_url = f"grpc{'s' if self.tls else ''}://{self.target}"
         self.timeout = timeout
         self.ca_bundle = ca_bundle
@@ -261,7 +270,8 @@ class GrpcAPI:
             self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
 
     def loop_client(self, sel, wake_fd: int, mode: str = "unary") -> LoopGrpc:
-        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST)."""
+        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST); with
+        `self.rest`, REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready)."""
         return LoopGrpc(self, sel, wake_fd, mode=mode)
 
     def close(self) -> None:
@@ -338,8 +348,10 @@ class GrpcAPI:
                 req.result.update(result)
             except (ValueError, TypeError) as exc:
                 error = Rejected(0, "RESULT_NOT_STRUCT", f"the result does not fit a google.protobuf.Struct: {exc}")
+        rest = self.rest
+        rest_call = None if rest is None else (lambda: rest.complete_call(job_id, worker_id, lease_id, result))
         return GrpcCall("complete", "complete", pb.ProcessRequest(complete=req), job_id=job_id, job_route=True,
-                        error=error)
+                        error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
         from supervisor.devserver.grpc_gen import spooled_pb2 as pb
@@ -348,7 +360,10 @@ class GrpcAPI:
         # retry=True explicitly: "retry per max_retries" on every server version (on <= 0.1.115 an unset
         # retry read as false and dead-lettered)
         req = pb.FailRequest(job_id=job_id, worker_id=worker_id, error=text, lease_id=lease_id, retry=True)
-        return GrpcCall("fail", "fail", pb.ProcessRequest(fail=req), job_id=job_id, job_route=True)
+        rest = self.rest
+        rest_call = None if rest is None else (lambda: rest.fail_call(job_id, worker_id, lease_id, error))
+        return GrpcCall("fail", "fail", pb.ProcessRequest(fail=req), job_id=job_id, job_route=True,
+                        rest_call=rest_call)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
         from supervisor.devserver.grpc_gen import spooled_pb2 as pb
@@ -448,10 +463,13 @@ class LoopGrpc:
         self._events: collections.deque = collections.deque()
         self._woken = False
         self._closed = False
+        self.rest: Any = None  # a LoopHTTP for the REST fallback, made on first use
 
     # ------------------------------------------------------------- interface
     def submit(self, tag, call: GrpcCall, first: bool = False) -> None:
         now = time.monotonic()
+        if call.rest_only and call.error is not None:
+            return self._fall_back(tag, call, call.error)
         if call.error is not None:
             self._result(tag, call, now, error=call.error)
             return
@@ -481,11 +499,25 @@ class LoopGrpc:
 
     def done(self) -> list[tuple]:
         self._drain(time.monotonic())
+        if self.rest is not None:
+            for (_, tag, call, grpc_error), result, error in self.rest.done():
+                if isinstance(error, AlreadyFinished) and call.job_id in self.maybe_applied:
+                    result, error = None, None  # the gRPC copy whose answer was lost had been applied
+                elif isinstance(error, (Unauthorized, Rejected, Conflict, QuotaExceeded, Unavailable)):
+                    # the fallback cannot help (e.g. --api-url is not this deployment): answer as gRPC did,
+                    # so a REST refusal never stops the daemon
+                    error = grpc_error if not call.rest_only else Rejected(
+                        0, grpc_error.code, f"{grpc_error.message}; the REST fallback failed too: {error}")
+                self.maybe_applied.discard(call.job_id)
+                self.results.append((tag, result, error))
         out, self.results = self.results, []
         return out
 
     def next_deadline(self) -> float | None:
         times = [item.deadline for item in self.waiting]
+        rest = self.rest.next_deadline() if self.rest is not None else None
+        if rest is not None:
+            times.append(rest)
         if self.stream is not None and self.stream.sent:
             times.append(self.stream.sent[0].deadline)
         if self.stream is None and self.waiting:
@@ -495,6 +527,8 @@ class LoopGrpc:
     def expire(self, now: float) -> None:
         """Take what gRPC's threads handed over, fail calls past their deadline, (re)open the stream."""
         self._drain(now)
+        if self.rest is not None:
+            self.rest.expire(now)
         if self.stream is not None and self.stream.sent and now >= self.stream.sent[0].deadline:
             stuck = self.stream.sent.popleft()
             self._finish(stuck, now, Unavailable(0, "TIMEOUT", f"no answer from {self.api.base_url} within "
@@ -507,10 +541,14 @@ class LoopGrpc:
         self._pump(now)
 
     def on_ready(self, conn, mask: int, now: float) -> None:
-        """Nothing is registered in the selector; present for the loop's interface."""
+        """A selector event of the REST fallback's sockets (gRPC registers nothing)."""
+        if self.rest is not None:
+            self.rest.on_ready(conn, mask, now)
 
     def close(self) -> None:
         self._closed = True
+        if self.rest is not None:
+            self.rest.close()
         if self.stream is not None:
             self.stream.close()
             self.stream = None
@@ -648,11 +686,26 @@ class LoopGrpc:
             return self._result(tag, call, started, error=exc)
         self._result(tag, call, started, result)
 
+    def _fall_back(self, tag, call: GrpcCall, grpc_error: ApiError) -> None:
+        """Send a settlement over REST instead; its answer comes back through done() (a REST failure as
+        `grpc_error`, the answer gRPC gave)."""
+        from supervisor.client.loophttp import LoopHTTP
+
+        rest_api, build = self.api.rest, call.rest_call
+        if rest_api is None or build is None:  # (rest_call is only set when there is a REST API)
+            return self.results.append((tag, None, Unavailable(0, "NO_FALLBACK", "no REST API to fall back to")))
+        if self.rest is None:
+            self.rest = LoopHTTP(rest_api, self.sel, self.wake_fd)
+        call.fell_back = True
+        self.rest.submit(("grpc-fallback", tag, call, grpc_error), build())
+
     def _result(self, tag, call: GrpcCall, started: float, result=None, error: ApiError | None = None) -> None:
-        self.results.append((tag, result, error))
         if self.api.on_request is not None:
             status = 200 if error is None else error.status
             self.api.on_request(call.route, status, time.monotonic() - started)
+        if isinstance(error, Unavailable) and call.rest_call is not None and not call.fell_back:
+            return self._fall_back(tag, call, error)  # gRPC could not deliver it: REST may
+        self.results.append((tag, result, error))
 
     # ---------------------------------------------------- thread hand-over
     def _emit(self, event: tuple) -> None:
@@ -679,14 +732,23 @@ class LoopGrpc:
                 self._on_unary(a, b, rest[0], rest[1])
 
 
-def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
-                   mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
-    """(api, client) for `cfg.transport == 'grpc'`: uses cfg.grpc_url, cfg.api_key, cfg.api_timeout,
-    cfg.ca_bundle and (if present) cfg.grpc_mode ('unary' or 'stream', else `mode`). Raises GrpcMissing
+def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
+    """The GrpcAPI for `cfg.transport == 'grpc'`, from cfg.grpc_url, cfg.api_key, cfg.api_timeout and
+    cfg.ca_bundle, with cfg.api_url (if set) as the REST fallback for settlements. Raises GrpcMissing
     (one line to print, exit 2) without the grpc extra, ValueError for a malformed URL. Creates no
     channel and no thread."""
     require_grpc()
-    api = GrpcAPI(getattr(cfg, "grpc_url", None) or DEFAULT_GRPC_URL, cfg.api_key,
-                  timeout=getattr(cfg, "api_timeout", 10.0), ca_bundle=getattr(cfg, "ca_bundle", None),
-                  on_request=on_request)
+    timeout, ca_bundle = getattr(cfg, "api_timeout", 10.0), getattr(cfg, "ca_bundle", None)
+    rest = None
+    if getattr(cfg, "api_url", None):
+        rest = SpooledAPI(cfg.api_url, cfg.api_key, timeout=timeout, ca_bundle=ca_bundle, on_request=on_request)
+    return GrpcAPI(getattr(cfg, "grpc_url", None) or DEFAULT_GRPC_URL, cfg.api_key, timeout=timeout,
+                   ca_bundle=ca_bundle, on_request=on_request, rest=rest)
+
+
+def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
+                   mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
+    """(api, client): `make_api(cfg)` and its loop client on `selector` / `wake_fd`; the shape comes from
+    cfg.grpc_mode if present ('unary' or 'stream'), else `mode`."""
+    api = make_api(cfg, on_request)
     return api, LoopGrpc(api, selector, wake_fd, mode=getattr(cfg, "grpc_mode", None) or mode)
