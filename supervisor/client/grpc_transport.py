@@ -154,7 +154,11 @@ def job_dict(job) -> dict:
 
 
 def _str_map(metadata: dict | None) -> dict[str, str]:
-    return {str(k): v if isinstance(v, str) else str(v) for k, v in (metadata or {}).items()}
+    """gRPC metadata maps hold strings: other values go as their JSON text (3 -> "3", {..} -> "{..}")."""
+    import orjson
+
+    return {str(k): v if isinstance(v, str) else orjson.dumps(v, default=str).decode()
+            for k, v in (metadata or {}).items()}
 
 
 # ------------------------------------------------------------------ errors

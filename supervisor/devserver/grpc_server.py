@@ -222,7 +222,7 @@ class Backend:
         return pb.GetJobResponse(job=job_message(self.store.job_raw(org, req.job_id)))
 
     def queue_stats(self, org: str, req: pb.GetQueueStatsRequest) -> pb.GetQueueStatsResponse:
-        return pb.GetQueueStatsResponse(queue_name=req.queue_name, **self.store.queue_stats(org, req.queue_name))
+        return pb.GetQueueStatsResponse(queue_name=req.queue_name, **self.store.grpc_queue_stats(org, req.queue_name))
 
     # -- workers --
     def register(self, org: str, req: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:

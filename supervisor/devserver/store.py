@@ -549,7 +549,7 @@ class Store:
                           "status IN ('pending','scheduled') AND scheduled_at>?", (org, queue, time.time()))
         return rows[0][0] if rows else None
 
-    def queue_stats(self, org: str, queue: str) -> dict:
+    def grpc_queue_stats(self, org: str, queue: str) -> dict:
         """Counts by status for one queue, `total`, and the age of its oldest pending job in ms."""
         out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter"), 0)
         total = 0
