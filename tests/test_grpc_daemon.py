@@ -164,6 +164,23 @@ def test_rest_fallback_delivers_a_non_object_result_exactly(server, mode):
         d.close()
 
 
+def test_worker_row_is_read_over_rest(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=server.url)
+    try:
+        d.ok("reg", d.api.register_call(Q, "gw-row", "h", 2, {"instance_id": "abc", "pid": 7}, [Q, "other-q"]))
+        row = d.ok("row", d.api.get_worker_call("gw-row"))
+        assert row["id"] == "gw-row" and row["metadata"]["instance_id"] == "abc"
+        assert row["metadata"]["pid"] == "7"  # gRPC metadata maps carry strings
+    finally:
+        d.close()
+    alone = Driver(server.grpc_address, server.api_key, mode=mode)
+    try:
+        _, err = alone.call("row", alone.api.get_worker_call("gw-row"))
+        assert isinstance(err, api.Unavailable)  # without REST nobody can read it; the parent ignores that
+    finally:
+        alone.close()
+
+
 def test_a_failing_rest_fallback_answers_as_grpc_did(server, mode):
     d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=f"http://127.0.0.1:{free_port()}")
     try:

@@ -286,12 +286,16 @@ class GrpcAPI:
 
     # -- worker calls --
     def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int,
-                      metadata: dict) -> GrpcCall:
+                      metadata: dict, queue_names: list[str] | None = None) -> GrpcCall:
+        """Register takes one queue over gRPC: further queues travel in metadata["queue_names"] (JSON)."""
         from supervisor.devserver.grpc_gen import spooled_pb2 as pb
 
+        meta = dict(metadata or {})
+        if queue_names:
+            meta["queue_names"] = list(queue_names)
         msg = pb.RegisterWorkerRequest(queue_name=queue, hostname=hostname, worker_type="spooled-supervisor",
                                        max_concurrency=max(1, min(1000, max_concurrency)), version=__version__,
-                                       metadata=_str_map(metadata), worker_id=worker_id)
+                                       metadata=_str_map(meta), worker_id=worker_id)
         return GrpcCall("register", "register", msg, answer=lambda r: {
             "id": r.worker_id, "worker_id": r.worker_id, "lease_duration_secs": r.lease_duration_secs,
             "heartbeat_interval_secs": r.heartbeat_interval_secs})
@@ -308,6 +312,15 @@ class GrpcAPI:
         msg = pb.HeartbeatRequest(worker_id=worker_id, current_jobs=max(0, min(1000, current_jobs)), status=status,
                                   metadata=meta)
         return GrpcCall("heartbeat", "worker_heartbeat", msg, answer=_heartbeat_answer)
+
+    def get_worker_call(self, worker_id: str) -> GrpcCall:
+        """The worker row (no gRPC RPC reads it): over the REST fallback, else an Unavailable answer."""
+        rest = self.rest
+        missing = Unavailable(0, "NO_REST", "reading a worker row needs the REST API (--api-url)")
+        if rest is None:
+            return GrpcCall("get_worker", "get_worker", error=missing)
+        return GrpcCall("get_worker", "get_worker", error=missing, rest_only=True,
+                        rest_call=lambda: rest.get_worker_call(worker_id))
 
     def deregister(self, worker_id: str, timeout: float | None = None) -> None:
         """Blocking and bounded by `timeout` (else the API timeout); raises the typed ApiError."""
