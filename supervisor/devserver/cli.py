@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("--host", str, "127.0.0.1", "interface to listen on")
     add("--port", int, 8787, "port; 0 picks a free one")
+    add("--grpc-port", _nonneg_int, None, "also serve Spooled's gRPC API on this port (0 picks a free one; needs the "
+        "grpc extra); off unless given")
     add("--db", str, "spooled-dev.db", "SQLite database file, or :memory:")
     add("--api-key", str, None, "API key of the default organization; generated sp_test_... and stored if absent",
         env="SPOOLED_API_KEY")
@@ -106,6 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fault-cut", _frac, 0.0, "fraction of API responses cut off mid-body (socket closed)")
     add("--fault-seed", int, None, "seed of the fault RNG, for reproducible runs")
     return p
+
+
+def start_grpc(store, cfg, faults, limiter, host: str, port: int):
+    """The gRPC server, imported only when asked for (grpcio is the optional `grpc` extra)."""
+    try:
+        from .grpc_server import make_grpc_server
+    except ImportError as e:
+        raise ImportError(f"{e}; install it with: pip install 'spooled-supervisor[grpc]'") from None
+    return make_grpc_server(store, cfg, faults, limiter, host, port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         return 1
     host, port = server.server_address[:2]
+    grpc_server = None
+    if args.grpc_port is not None:
+        try:
+            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port)
+        except (ImportError, OSError) as e:
+            print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
+            server.server_close()
+            store.close()
+            return 2 if isinstance(e, ImportError) else 1
     sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval).start()
 
     stop = threading.Event()
@@ -141,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     serve_in_thread(server)
     print(f"API key: {key}", flush=True)
     print(f"Spooled dev server listening on http://{host}:{port}", flush=True)
+    if grpc_server is not None:
+        print(f"Spooled gRPC listening on {host}:{grpc_port}", flush=True)
     extra = [f"db={args.db}"]
     if faults.active():
         extra.append(f"faults={faults.snapshot()}")
@@ -151,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     print("dev server: " + " ".join(extra), file=sys.stderr, flush=True)
     while not stop.wait(0.5):
         pass
+    if grpc_server is not None:
+        grpc_server.stop(1.0).wait(5)
     server.shutdown()
     server.server_close()
     sweeper.stop()

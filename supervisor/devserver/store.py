@@ -163,6 +163,27 @@ def worker_dict(row, full: bool) -> dict:
     return base
 
 
+class JobsChanged:
+    """A counter bumped after every committed write that changed a row, so waiters (gRPC StreamJobs)
+    wake on an enqueue, a settlement, a renewal or a recovery instead of polling. An empty claim changes
+    nothing, so a waiter's own retry never wakes it again. `wait(seen, timeout)` returns the counter."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.version = 0
+
+    def bump(self) -> None:
+        with self._cond:
+            self.version += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float | None) -> int:
+        with self._cond:
+            if self.version == seen:
+                self._cond.wait(timeout)
+            return self.version
+
+
 class Store:
     """The dev server's state. Thread-safe; one instance per process."""
 
@@ -184,6 +205,7 @@ class Store:
                     db.execute(stmt)
         self._key_cache: dict[str, str] = {}
         self.closed = False
+        self.changed = JobsChanged()
 
     # ---- plumbing ----
     @contextmanager
@@ -192,12 +214,16 @@ class Store:
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
+            before = db.total_changes
             try:
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+            changed = db.total_changes != before
+        if changed and hasattr(self, "changed"):  # a write that changed nothing (an empty claim) wakes no one
+            self.changed.bump()
 
     def _read(self, sql, args=()):
         with self._lock:
@@ -404,6 +430,21 @@ class Store:
     # ---- the worker hot path ----
     def claim(self, org: str, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
         """Atomically lease up to `limit` eligible jobs; paused or unknown queues give []."""
+        rows, expires = self._claim_rows(org, queue, worker_id, limit, lease_secs)
+        lease_at = ts(expires)
+        return [{"id": r[0], "queue_name": r[1], "payload": Fragment(r[2]), "retry_count": r[3],
+                 "max_retries": r[4], "timeout_seconds": r[5], "lease_expires_at": lease_at, "lease_id": r[6]}
+                for r in rows]
+
+    def claim_raw(self, org: str, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
+        """`claim` for the gRPC server: the same lease, answered with raw columns (JSON text, epoch times)."""
+        rows, expires = self._claim_rows(org, queue, worker_id, limit, lease_secs)
+        return [{"id": r[0], "organization_id": org, "queue_name": r[1], "status": "processing", "payload": r[2],
+                 "retry_count": r[3], "max_retries": r[4], "timeout_seconds": r[5], "lease_id": r[6],
+                 "priority": r[7], "created_at": r[8], "lease_expires_at": expires, "started_at": expires - lease_secs,
+                 "assigned_worker_id": worker_id} for r in rows]
+
+    def _claim_rows(self, org: str, queue: str, worker_id: str, limit: int, lease_secs: int) -> tuple[list, float]:
         now = time.time()
         expires = now + lease_secs
         prefix = str(uuid.uuid4()) + "-"
@@ -411,10 +452,7 @@ class Store:
             rows = db.execute(_CLAIM, (worker_id, prefix, expires, now, now, org, queue, org, queue, now, now,
                                        limit)).fetchall()
         rows.sort(key=lambda r: (-r[7], r[8]))
-        lease_at = ts(expires)
-        return [{"id": r[0], "queue_name": r[1], "payload": Fragment(r[2]), "retry_count": r[3],
-                 "max_retries": r[4], "timeout_seconds": r[5], "lease_expires_at": lease_at, "lease_id": r[6]}
-                for r in rows]
+        return rows, expires
 
     def _classify_miss(self, db, org, job_id, worker_id, now, expired_msg):
         """CONTRACT 4.5: why a fenced update touched no row."""
@@ -448,6 +486,12 @@ class Store:
 
     def fail(self, org: str, job_id: str, worker_id: str, lease_id: str, error: str) -> bool:
         """Retry with backoff min(2^n,60)s + 0-499 ms jitter, or dead-letter. Returns True if retried."""
+        return self.fail_job(org, job_id, worker_id, lease_id, error)[0]
+
+    def fail_job(self, org: str, job_id: str, worker_id: str, lease_id: str, error: str, retry: bool = True,
+                 count_dead: bool = False) -> tuple[bool, float]:
+        """`fail`, returning (will_retry, retry delay in s). `retry=False` dead-letters now (gRPC
+        `Fail.retry: false`); `count_dead` also counts the attempt when dead-lettering (gRPC always does)."""
         now = time.time()
         with self._tx() as db:
             row = db.execute("SELECT retry_count, max_retries, payload, queue_name FROM jobs " + self._FENCE,
@@ -456,16 +500,19 @@ class Store:
                 raise self._classify_miss(db, org, job_id, worker_id, now,
                                           "Job lease expired before failure was reported")
             rc, mr, payload, queue = row
-            if rc < mr:
+            will_retry, delay = retry and rc < mr, 0.0
+            if will_retry:
                 delay = min(2 ** min(rc, 6), 60) + random.randint(0, 499) / 1000.0
                 db.execute("UPDATE jobs SET status='pending', retry_count=retry_count+1, last_error=?, "
                            "assigned_worker_id=NULL, lease_id=NULL, lease_expires_at=NULL, scheduled_at=?, "
                            "updated_at=? WHERE id=?", (error, now + delay, now, job_id))
             else:
-                self._dead_letter(db, org, job_id, queue, payload, error, rc, now)
+                if count_dead:
+                    db.execute("UPDATE jobs SET retry_count=retry_count+1 WHERE id=?", (job_id,))
+                self._dead_letter(db, org, job_id, queue, payload, error, rc + int(count_dead), now)
             db.execute("UPDATE workers SET jobs_failed=jobs_failed+1 WHERE id=? AND organization_id=?",
                        (worker_id, org))
-            return rc < mr
+            return will_retry, delay
 
     def _dead_letter(self, db, org, job_id, queue, payload, error, retries, now):
         db.execute("UPDATE jobs SET status='deadletter', last_error=?, assigned_worker_id=NULL, lease_id=NULL, "
@@ -481,6 +528,56 @@ class Store:
                              (now + secs, now, job_id, org, worker_id, now, lease_id))
             if cur.rowcount == 0:
                 raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired and cannot be extended")
+
+    # ---- reads for the gRPC server ----
+    def job_raw(self, org: str, job_id: str) -> dict:
+        """One job's columns as stored (JSON text, epoch seconds); 404 if unknown."""
+        rows = self._read(_JOB_SELECT + " WHERE id=? AND organization_id=?", (job_id, org))
+        if not rows:
+            raise not_found("Job not found")
+        return dict(zip(JOB_COLS, rows[0], strict=True))
+
+    def lease_state(self, org: str, job_id: str) -> tuple[str, str | None, float | None] | None:
+        """(status, lease_id, lease_expires_at) of a job, or None if unknown."""
+        rows = self._read("SELECT status, lease_id, lease_expires_at FROM jobs WHERE id=? AND organization_id=?",
+                          (job_id, org))
+        return tuple(rows[0]) if rows else None
+
+    def next_due(self, org: str, queue: str) -> float | None:
+        """When the earliest not-yet-due job of the queue (a retry's back-off, a scheduled job) becomes due."""
+        rows = self._read("SELECT min(scheduled_at) FROM jobs WHERE organization_id=? AND queue_name=? AND "
+                          "status IN ('pending','scheduled') AND scheduled_at>?", (org, queue, time.time()))
+        return rows[0][0] if rows else None
+
+    def grpc_queue_stats(self, org: str, queue: str) -> dict:
+        """Counts by status for one queue, `total`, and the age of its oldest pending job in ms."""
+        out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter"), 0)
+        total = 0
+        for status, n in self._read("SELECT status, count(*) FROM jobs WHERE organization_id=? AND queue_name=? "
+                                    "GROUP BY status", (org, queue)):
+            total += n
+            if status in out:
+                out[status] = n
+        rows = self._read("SELECT min(created_at) FROM jobs WHERE organization_id=? AND queue_name=? AND "
+                          "status='pending'", (org, queue))
+        oldest = rows[0][0] if rows else None
+        out["total"] = total
+        out["max_age_ms"] = int((time.time() - oldest) * 1000) if oldest else 0
+        return out
+
+    def heartbeat_sticky(self, org: str, wid: str, current_jobs: int, status: str,
+                         metadata: str | None) -> tuple[bool, bool]:
+        """gRPC Heartbeat: (acknowledged, should_drain). An unknown worker is not an error; once
+        `draining`, a worker stays draining (and is told to drain) whatever status it reports."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT status FROM workers WHERE id=? AND organization_id=?", (wid, org)).fetchone()
+            if not row:
+                return False, False
+            new = "draining" if row[0] == "draining" else status
+            db.execute("UPDATE workers SET last_heartbeat=?, current_jobs=?, status=?, metadata=COALESCE(?, metadata), "
+                       "updated_at=? WHERE id=?", (now, current_jobs, new, metadata, now, wid))
+            return True, new == "draining"
 
     # ---- job reads and admin ----
     def get_job(self, org: str, job_id: str) -> dict:

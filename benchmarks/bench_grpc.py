@@ -1,0 +1,233 @@
+"""gRPC vs REST: the cost of claim + complete through the daemon's own loop clients.
+
+Starts `python -m supervisor dev-server --grpc-port 0` (and again with --fault-delay-ms for API
+latency), enqueues no-op jobs over REST, then drives each transport exactly as the parent loop
+does (a select() on the wake-up pipe; `submit`, `expire`, `done`): claim for the free slots,
+complete every job at once with a small object result. Rows: transport x slots (1 = one child,
+8 = eight children) x added server latency. Reported per job: wall time, client CPU (this process,
+all threads: gRPC's included) and dev-server CPU. Prints a table and one JSON line.
+
+    python benchmarks/bench_grpc.py                  # ~30 s on 2 shared cores
+    python benchmarks/bench_grpc.py --jobs 600 --delay-ms 0,5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+from _common import PY, ROOT, LinePump, child_env, cpu_seconds, machine_busy, stop_popen
+
+from supervisor.client.grpc_transport import make_transport  # noqa: E402
+from supervisor.client.loophttp import LoopHTTP  # noqa: E402
+from supervisor.client.rest import Secret, SpooledAPI  # noqa: E402
+
+QUEUE = "bench-grpc"
+
+
+class Server:
+    def __init__(self, tmp: str, delay_ms: int):
+        self.db, self.delay_ms = os.path.join(tmp, f"grpc-{delay_ms}.db"), max(0, delay_ms)
+
+    def start(self) -> Server:
+        env = child_env()
+        env.pop("SPOOLED_API_KEY", None)
+        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
+               "--db", self.db, "--fault-delay-ms", str(self.delay_ms)]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
+        out, deadline = LinePump(self.proc.stdout), time.monotonic() + 30
+        self.key = self.url = self.grpc = ""
+        while not self.grpc:
+            line = out.line(deadline)
+            if line is None:
+                stop_popen(self.proc)
+                raise RuntimeError("the dev server did not start")
+            if m := re.search(r"API key: (\S+)", line):
+                self.key = m.group(1)
+            if m := re.search(r"listening on (http://\S+)", line):
+                self.url = m.group(1)
+            if m := re.search(r"gRPC listening on (\S+)", line):
+                self.grpc = m.group(1)
+        self.ps = psutil.Process(self.proc.pid)
+        self.rest = SpooledAPI(self.url, Secret(self.key), timeout=30)
+        return self
+
+    def enqueue(self, count: int) -> None:
+        for start in range(0, count, 100):
+            self.rest.bulk_create(QUEUE, [{"i": i} for i in range(start, min(count, start + 100))])
+
+    def stop(self) -> None:
+        stop_popen(self.proc)
+
+
+def make_client(kind: str, server: Server, sel, wake_w: int):
+    if kind == "rest":
+        api = SpooledAPI(server.url, Secret(server.key), timeout=30)
+        return api, LoopHTTP(api, sel, wake_w)
+    cfg = type("Cfg", (), {"grpc_url": server.grpc, "api_key": Secret(server.key), "api_timeout": 30.0,
+                           "ca_bundle": None})
+    return make_transport(cfg, wake_w, sel, mode="unary" if kind == "grpc-unary" else "stream")
+
+
+def drive(kind: str, server: Server, total: int, slots: int) -> dict:
+    """Claim for free slots, complete each job as soon as it arrives, until `total` jobs are completed."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    sel = selectors.DefaultSelector()
+    sel.register(r, selectors.EVENT_READ, ("wake", None))
+    api, client = make_client(kind, server, sel, w)
+    claimed = completed = held = 0
+    claiming = False
+    wall0, cpu0, srv0 = time.monotonic(), time.process_time(), cpu_seconds(server.ps)
+    try:
+        while completed < total:
+            if not claiming and held < slots and claimed < total:
+                client.submit(("claim",), api.claim_call(QUEUE, "bench-w", min(slots - held, total - claimed), 60),
+                              first=True)
+                claiming = True
+            now = time.monotonic()
+            deadline = client.next_deadline()
+            for key, mask in sel.select(1.0 if deadline is None else max(0.0, min(1.0, deadline - now))):
+                if key.data[0] == "wake":
+                    try:
+                        while os.read(r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    client.on_ready(key.data[1], mask, time.monotonic())
+            client.expire(time.monotonic())
+            for tag, result, error in client.done():
+                if error is not None:
+                    raise RuntimeError(f"{kind} {tag[0]} failed: {error}")
+                if tag[0] == "claim":
+                    claiming = False
+                    for job in result:
+                        claimed += 1
+                        held += 1
+                        client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"],
+                                                                        {"ok": True}))
+                else:
+                    held -= 1
+                    completed += 1
+    finally:
+        wall, cpu, srv = time.monotonic() - wall0, time.process_time() - cpu0, cpu_seconds(server.ps) - srv0
+        client.close()
+        sel.close()
+        os.close(r)
+        os.close(w)
+    return {"transport": kind, "slots": slots, "jobs": total, "wall_us": round(wall / total * 1e6),
+            "client_cpu_us": round(cpu / total * 1e6), "server_cpu_us": round(srv / total * 1e6),
+            "jobs_per_s": round(total / wall)}
+
+
+def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int, payload: dict) -> dict:
+    """The real daemon (`--transport`) draining `count` jobs: wall time and parent CPU per job."""
+    queue = f"d-{transport}-{procs}-{len(payload)}"
+    log_path = os.path.join(tmp, f"{queue}.log")
+    cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", "benchmarks.handlers:burn", "--procs",
+           str(procs), "--api-url", server.url, "--worker-id", f"bench-{queue}", "--poll-interval", "0.1",
+           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=server.key), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ps = psutil.Process(proc.pid)
+        time.sleep(1.0)  # let it register and idle (its start-up CPU is not per-job cost)
+        cpu0 = cpu_seconds(ps)
+        t0 = time.monotonic()
+        for start in range(0, count, 100):
+            server.rest.bulk_create(queue, [payload] * min(100, count - start))
+        deadline = time.monotonic() + 120
+        while (server.rest.get("/api/v1/jobs/stats")["completed"] < server.completed_before + count):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon ({transport}) stalled; log: {open(log_path).read()[-1500:]}")
+            time.sleep(0.5)  # /jobs/stats scans every job: not too often
+        wall, cpu = time.monotonic() - t0, cpu_seconds(ps) - cpu0
+    finally:
+        stop_popen(proc)
+    server.completed_before += count
+    return {"transport": f"daemon-{transport}", "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
+            "wall_us": round(wall / count * 1e6), "parent_cpu_us": round(cpu / count * 1e6),
+            "jobs_per_s": round(count / wall)}
+
+
+def grpc_wired() -> bool:
+    import inspect
+
+    import supervisor.commands.run
+
+    return "grpc" in inspect.getsource(supervisor.commands.run)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=1500, help="jobs per row without added latency (default 1500)")
+    ap.add_argument("--delay-jobs", type=int, default=300, help="jobs per row with added latency (default 300)")
+    ap.add_argument("--delay-ms", default="0,5", help="added server latency per request/message, ms (default 0,5)")
+    ap.add_argument("--slots", default="1,8", help="jobs held at once (children), comma-separated (default 1,8)")
+    ap.add_argument("--transports", default="rest,grpc,grpc-unary",
+                    help="rest, grpc (one ProcessJobs stream), grpc-unary (one RPC per call); default all three")
+    ap.add_argument("--daemon-jobs", type=int, default=600, help="jobs per daemon row (default 600; 0 = none)")
+    ap.add_argument("--procs", type=int, default=2, help="daemon --procs for the daemon rows (default 2)")
+    args = ap.parse_args(argv)
+    rows, busy0, t0 = [], machine_busy(), time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as tmp:
+        for delay in [int(d) for d in args.delay_ms.split(",")]:
+            server = Server(tmp, delay).start()
+            try:
+                count = args.jobs if delay == 0 else args.delay_jobs
+                for slots in [int(s) for s in args.slots.split(",")]:
+                    for kind in args.transports.split(","):
+                        server.enqueue(count)
+                        row = drive(kind, server, count, slots)
+                        row["delay_ms"] = delay
+                        rows.append(row)
+                        print(f"  {kind:10} slots={slots} delay={delay}ms: {row['wall_us']} us/job", file=sys.stderr,
+                              flush=True)
+            finally:
+                server.stop()
+        daemon_rows = []
+        if args.daemon_jobs and grpc_wired():
+            server = Server(tmp, -1).start()
+            server.completed_before = 0
+            try:
+                for payload in ({}, {"ms": 5}):
+                    for transport in ("rest", "grpc"):
+                        row = daemon_row(server, tmp, transport, args.daemon_jobs, args.procs, payload)
+                        daemon_rows.append(row)
+                        print(f"  {row['transport']:10} work={row['work_ms']}ms: {row['parent_cpu_us']} us parent "
+                              "CPU/job", file=sys.stderr, flush=True)
+            finally:
+                server.stop()
+    head = (f"{'transport':10} {'slots':>5} {'delay ms':>8} {'jobs/s':>7} {'wall us/job':>11} "
+            f"{'client CPU us/job':>17} {'server CPU us/job':>17}")
+    busy = round((machine_busy() - busy0) / (time.monotonic() - t0), 2)
+    print(f"claim + complete, no-op jobs, loopback; the machine was busy on {busy} of {psutil.cpu_count()} cores "
+          "during the run (this run included)")
+    print(head)
+    for r in rows:
+        print(f"{r['transport']:10} {r['slots']:>5} {r['delay_ms']:>8} {r['jobs_per_s']:>7} {r['wall_us']:>11} "
+              f"{r['client_cpu_us']:>17} {r['server_cpu_us']:>17}")
+    if daemon_rows:
+        print(f"\nthe daemon, --procs {args.procs}, {args.daemon_jobs} jobs per row")
+        print(f"{'transport':14} {'work ms':>7} {'jobs/s':>7} {'wall us/job':>11} {'parent CPU us/job':>17}")
+        for r in daemon_rows:
+            print(f"{r['transport']:14} {r['work_ms']:>7} {r['jobs_per_s']:>7} {r['wall_us']:>11} "
+                  f"{r['parent_cpu_us']:>17}")
+    print(json.dumps({"bench": "grpc_vs_rest", "machine_busy_cores": busy, "rows": rows, "daemon_rows": daemon_rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

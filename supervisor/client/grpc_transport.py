@@ -1,0 +1,771 @@
+"""The daemon's gRPC transport: a drop-in for the parent loop's REST pair (SpooledAPI + LoopHTTP).
+
+`GrpcAPI` builds calls with the same methods and arguments as `SpooledAPI` (`register_call`,
+`heartbeat_call`, `claim_call`, `complete_call`, `fail_call`, `renew_lease_call`, blocking
+`deregister`); `LoopGrpc` runs them with the same interface as `LoopHTTP` (`submit`, `done`,
+`expire`, `next_deadline`, `on_ready`, `close`, `results`) and answers with the same results and
+typed errors (`supervisor.client.rest`), so the parent stays transport-agnostic.
+
+Design, for the parent's single select() loop:
+- Two shapes (`mode`), measured by benchmarks/bench_grpc.py. `unary` (the default): every call is
+  its own RPC (`future()`), concurrent on the one HTTP/2 connection; a claim for N idle children is
+  one `Dequeue(batch_size=N)`. `stream`: claims, completes, fails and renewals go in-band on one
+  `ProcessJobs` stream (a claim for N is N `dequeue` messages; answers matched to requests in
+  order, an in-band error carries no job id). The server answers a stream's messages one after the
+  other, so with API latency L one stream settles at most 1/L jobs per second whatever --procs is,
+  and its per-job claims cost more CPU than one batched Dequeue: `stream` is only ahead for a single
+  child on a fast link. Register and heartbeat are unary in both.
+- gRPC's threads (the futures' callbacks, the stream's reader) only append events to a deque and
+  write one byte to the loop's wake-up fd; all state changes happen on the loop thread in `expire`
+  and `done`. No selector registration is needed (`on_ready` is never called).
+- The channel is created on the first call, i.e. after the forkserver started: children never hold
+  gRPC state and never import grpc (this module imports grpc only inside functions).
+- Settlements whose answer was lost (UNAVAILABLE, a deadline, a broken stream) are remembered by job
+  id: when one is sent again (by the parent's retry, or re-sent first on a reopened stream) and the
+  server answers NOT_FOUND, that counts as done (the first copy was applied). A broken stream is
+  reopened with back-off; its unanswered dequeues are not re-sent (they may have leased a job, which
+  comes back when that lease runs out, as with a cut REST claim).
+- Struct numbers arrive as doubles: whole numbers below 2**53 in a payload become `int` again
+  before the handler sees them (so 5.0 sent by a producer also arrives as 5); integers of 2**53 or
+  more were already rounded by the sender's Struct. A non-object payload arrives as None. A result
+  that is not a JSON object cannot travel over gRPC: without a REST fallback the complete is refused
+  (`Rejected`), which makes the parent fail the job with a clear error.
+- With a REST API (`GrpcAPI(rest=SpooledAPI)`, which make_transport builds from cfg.api_url), a
+  complete or fail that gRPC could not deliver (Unavailable) goes out once more over REST on a
+  LoopHTTP of its own (a 409 "already completed" there, after a lost gRPC answer, counts as done),
+  and a result gRPC cannot carry (not a JSON object) is delivered over REST, exactly.
+- TLS unless the host is loopback; `ca_bundle` replaces the system roots.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from supervisor import __version__
+from supervisor.backoff import backoff
+from supervisor.client.rest import (
+    AlreadyFinished,
+    ApiError,
+    Conflict,
+    LeaseLost,
+    QuotaExceeded,
+    RateLimited,
+    Rejected,
+    Secret,
+    SpooledAPI,
+    Unauthorized,
+    Unavailable,
+)
+
+INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
+DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
+MAX_MESSAGE = 4 * 1024 * 1024
+EXACT_INT = 2 ** 53
+STREAM_KINDS = ("claim", "complete", "fail", "renew")
+UNARY_ROUTES = {"register": "Register", "heartbeat": "Heartbeat"}
+JOB_UNARY = {"claim": ("Dequeue", "dequeue"), "complete": ("Complete", "complete"), "fail": ("Fail", "fail"),
+             "renew": ("RenewLease", "renew_lease")}
+
+
+class GrpcMissing(ImportError):
+    """grpcio / protobuf are not installed; str() is the one line to show."""
+
+
+def require_grpc() -> None:
+    """Raise GrpcMissing (with INSTALL_HINT) unless grpcio and the stubs import."""
+    try:
+        import grpc  # noqa: F401
+
+        from supervisor.devserver.grpc_gen import spooled_pb2, spooled_pb2_grpc  # noqa: F401
+    except ImportError as exc:
+        raise GrpcMissing(f"{INSTALL_HINT} ({exc})") from None
+
+
+def parse_grpc_url(url: str) -> tuple[str, str, bool]:
+    """`host:port` (optionally with a grpc://, grpcs:// or https:// prefix) -> (target, host, tls).
+
+    TLS unless the host is loopback. Without a port: 443 (50051 on loopback)."""
+    text = url.strip()
+    for prefix in ("grpcs://", "grpc://", "https://", "http://"):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    text = text.rstrip("/")
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    else:
+        host, port = text, ""
+    if not host or (port and not port.isdigit()):
+        raise ValueError(f"gRPC URL must be host:port, got {url!r}")
+    local = _is_loopback(host)
+    port = port or ("50051" if local else "443")
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return target, host, not local
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------ conversions
+def restore_ints(value):
+    """Struct doubles -> int where whole and below 2**53 in size (recursively); other values unchanged."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and -EXACT_INT < value < EXACT_INT else value
+    if isinstance(value, dict):
+        return {k: restore_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_ints(v) for v in value]
+    return value
+
+
+def _rfc3339(ts) -> str | None:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    g = time.gmtime(ts.seconds)
+    return (f"{g.tm_year:04d}-{g.tm_mon:02d}-{g.tm_mday:02d}T{g.tm_hour:02d}:{g.tm_min:02d}:{g.tm_sec:02d}."
+            f"{ts.nanos // 1000:06d}Z")
+
+
+def job_dict(job) -> dict:
+    """A Job message shaped like a REST claim answer (payload a dict with ints restored, or None)."""
+    from google.protobuf import json_format
+
+    payload = restore_ints(json_format.MessageToDict(job.payload)) if job.HasField("payload") else None
+    return {"id": job.id, "queue_name": job.queue_name, "payload": payload, "retry_count": job.retry_count,
+            "max_retries": job.max_retries, "timeout_seconds": job.timeout_seconds, "lease_id": job.lease_id,
+            "lease_expires_at": _rfc3339(job.lease_expires_at), "priority": job.priority,
+            "created_at": _rfc3339(job.created_at)}
+
+
+def _str_map(metadata: dict | None) -> dict[str, str]:
+    """gRPC metadata maps hold strings: other values go as their JSON text (3 -> "3", {..} -> "{..}")."""
+    import orjson
+
+    return {str(k): v if isinstance(v, str) else orjson.dumps(v, default=str).decode()
+            for k, v in (metadata or {}).items()}
+
+
+# ------------------------------------------------------------------ errors
+def map_status(code, message: str, job_route: bool) -> ApiError:
+    """A gRPC status -> the typed error the parent acts on (as `rest.classify` does for HTTP)."""
+    import grpc
+
+    sc = grpc.StatusCode
+    name = code.name if code is not None else "UNKNOWN"
+    if code == sc.UNAUTHENTICATED:
+        return Unauthorized(401, name, message)
+    if code == sc.RESOURCE_EXHAUSTED:
+        if "limit reached" in message.lower():
+            return QuotaExceeded(429, name, message)
+        return RateLimited(429, name, message)
+    if code in (sc.INVALID_ARGUMENT, sc.OUT_OF_RANGE):
+        return Rejected(400, name, message)
+    if code == sc.PERMISSION_DENIED:
+        return Rejected(403, name, message)
+    if code == sc.UNIMPLEMENTED:
+        return Rejected(501, name, message)
+    if code == sc.NOT_FOUND:
+        return LeaseLost(404, name, message) if job_route else Rejected(404, name, message)
+    if code == sc.FAILED_PRECONDITION and job_route:
+        if message.startswith("Job is already"):
+            return AlreadyFinished(409, name, message)
+        return LeaseLost(409, "LEASE_EXPIRED", message)
+    if code in (sc.ALREADY_EXISTS, sc.FAILED_PRECONDITION, sc.ABORTED):
+        return Conflict(409, name, message)
+    return Unavailable(503 if code == sc.UNAVAILABLE else 0, name, message or "gRPC call failed")
+
+
+_INBAND = {"UNAUTHENTICATED": (Unauthorized, 401), "RATE_LIMIT_EXCEEDED": (RateLimited, 429),
+           "LEASE_EXPIRED": (LeaseLost, 409), "NOT_FOUND": (LeaseLost, 404), "INVALID_ARGUMENT": (Rejected, 400),
+           "INVALID_REQUEST": (Rejected, 400), "PERMISSION_DENIED": (Rejected, 403)}
+
+
+def map_inband(code: str, message: str) -> ApiError:
+    """A ProcessJobs ErrorResponse -> typed error (INTERNAL and unknown codes are worth a retry)."""
+    cls, status = _INBAND.get(code, (Unavailable, 500))
+    return cls(status, code, message)
+
+
+# ------------------------------------------------------------------ calls
+@dataclass
+class GrpcCall:
+    """One API request for the loop: a unary RPC, or `count` ProcessJobs messages of one kind."""
+
+    kind: str  # register, heartbeat, claim, complete, fail, renew
+    route: str  # the REST route name, for metrics
+    message: object = None  # the request proto (a ProcessRequest for stream kinds)
+    count: int = 1
+    job_id: str = ""
+    job_route: bool = False
+    error: ApiError | None = None  # refused before sending
+    answer: Callable | None = None  # the proto answer -> the result the parent sees
+    rest_call: Callable[[], object] | None = None  # the same settlement as a REST Call (the fallback)
+    rest_only: bool = False  # cannot travel over gRPC (a non-object result): send it over REST
+    fell_back: bool = False
+
+
+class GrpcAPI:
+    """Builds `GrpcCall`s with SpooledAPI's signatures; owns the (lazy) channel. The key lives only in
+    the call metadata; it never appears in a repr, a log line or an exception."""
+
+    def __init__(self, url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
+                 on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None):
+        self.target, self.host, self.tls = parse_grpc_url(url)
+        self.rest = rest  # REST for settlements gRPC cannot carry or deliver right now (None: no fallback)
+        self.base_url = f"grpc{'s' if self.tls else ''}://{self.target}"
+        self.timeout = timeout
+        self.ca_bundle = ca_bundle
+        self.on_request = on_request
+        self._key = api_key
+        self._channel: Any = None
+        self.queue_stub: Any = None
+        self.worker_stub: Any = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"GrpcAPI({self.base_url!r})"
+
+    @property
+    def metadata(self) -> tuple:
+        return (("x-api-key", self._key.value),)
+
+    def connect(self) -> None:
+        """Create the channel and stubs once (first use: after the forkserver started)."""
+        with self._lock:
+            if self._channel is not None:
+                return
+            import grpc
+
+            from supervisor.devserver.grpc_gen import spooled_pb2_grpc as pb_grpc
+
+            options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
+                       ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
+                       # reconnect soon after an outage (grpc's default back-off grows to 120 s); the parent
+                       # paces its own retries
+                       ("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_reconnect_backoff_ms", 250),
+                       ("grpc.max_reconnect_backoff_ms", 5_000),
+                       ("grpc.primary_user_agent", f"spooled-supervisor/{__version__}")]
+            if self.tls:
+                roots = None
+                if self.ca_bundle:
+                    with open(self.ca_bundle, "rb") as f:
+                        roots = f.read()
+                creds = grpc.ssl_channel_credentials(root_certificates=roots)
+                self._channel = grpc.secure_channel(self.target, creds, options=options)
+            else:
+                self._channel = grpc.insecure_channel(self.target, options=options)
+            self.queue_stub = pb_grpc.QueueServiceStub(self._channel)
+            self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
+
+    def loop_client(self, sel, wake_fd: int, mode: str = "unary") -> LoopGrpc:
+        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST); with
+        `self.rest`, REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready)."""
+        return LoopGrpc(self, sel, wake_fd, mode=mode)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+    # -- worker calls --
+    def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int,
+                      metadata: dict, queue_names: list[str] | None = None) -> GrpcCall:
+        """Register takes one queue over gRPC: further queues travel in metadata["queue_names"] (JSON)."""
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        meta = dict(metadata or {})
+        if queue_names:
+            meta["queue_names"] = list(queue_names)
+        msg = pb.RegisterWorkerRequest(queue_name=queue, hostname=hostname, worker_type="spooled-supervisor",
+                                       max_concurrency=max(1, min(1000, max_concurrency)), version=__version__,
+                                       metadata=_str_map(meta), worker_id=worker_id)
+        return GrpcCall("register", "register", msg, answer=lambda r: {
+            "id": r.worker_id, "worker_id": r.worker_id, "lease_duration_secs": r.lease_duration_secs,
+            "heartbeat_interval_secs": r.heartbeat_interval_secs})
+
+    def heartbeat_call(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
+                       cpu_percent: float | None = None, memory_percent: float | None = None) -> GrpcCall:
+        """Answers {"acknowledged": True, "should_drain": bool}; an unknown worker is Rejected(404), as on REST."""
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        meta = _str_map(metadata)
+        for name, value in (("cpu_percent", cpu_percent), ("memory_percent", memory_percent)):
+            if value is not None:
+                meta[name] = str(value)
+        msg = pb.HeartbeatRequest(worker_id=worker_id, current_jobs=max(0, min(1000, current_jobs)), status=status,
+                                  metadata=meta)
+        return GrpcCall("heartbeat", "worker_heartbeat", msg, answer=_heartbeat_answer)
+
+    def get_worker_call(self, worker_id: str) -> GrpcCall:
+        """The worker row (no gRPC RPC reads it): over the REST fallback, else an Unavailable answer."""
+        rest = self.rest
+        missing = Unavailable(0, "NO_REST", "reading a worker row needs the REST API (--api-url)")
+        if rest is None:
+            return GrpcCall("get_worker", "get_worker", error=missing)
+        return GrpcCall("get_worker", "get_worker", error=missing, rest_only=True,
+                        rest_call=lambda: rest.get_worker_call(worker_id))
+
+    def deregister(self, worker_id: str, timeout: float | None = None) -> None:
+        """Blocking and bounded by `timeout` (else the API timeout); raises the typed ApiError."""
+        import grpc
+
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        self.connect()
+        started = time.monotonic()
+        status = 0
+        try:
+            self.worker_stub.Deregister(pb.DeregisterRequest(worker_id=worker_id), metadata=self.metadata,
+                                        timeout=timeout or self.timeout)
+            status = 200
+        except grpc.RpcError as exc:
+            err = map_status(exc.code(), exc.details() or "", False)
+            status = err.status
+            raise err from None
+        finally:
+            if self.on_request is not None:
+                self.on_request("deregister", status, time.monotonic() - started)
+
+    # -- job calls (in-band on the ProcessJobs stream) --
+    def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> GrpcCall:
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        msg = pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=queue, worker_id=worker_id,
+                                                          lease_duration_secs=lease_secs, batch_size=1))
+        return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
+
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> GrpcCall:
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        req = pb.CompleteRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id)
+        error = None
+        if result is not None and not isinstance(result, dict):
+            error = Rejected(0, "RESULT_NOT_AN_OBJECT", f"gRPC carries only JSON objects as results "
+                             f"(google.protobuf.Struct); this one is a {type(result).__name__}: return a dict, "
+                             "or run with --transport rest")
+        elif result is not None:
+            try:
+                req.result.update(result)
+            except (ValueError, TypeError) as exc:
+                error = Rejected(0, "RESULT_NOT_STRUCT", f"the result does not fit a google.protobuf.Struct: {exc}")
+        rest = self.rest
+        rest_call = None if rest is None else (lambda: rest.complete_call(job_id, worker_id, lease_id, result))
+        return GrpcCall("complete", "complete", pb.ProcessRequest(complete=req), job_id=job_id, job_route=True,
+                        error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
+
+    def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        text = (error or "Job failed").encode()[:4096].decode("utf-8", "ignore")
+        # retry=True explicitly: "retry per max_retries" on every server version (on <= 0.1.115 an unset
+        # retry read as false and dead-lettered)
+        req = pb.FailRequest(job_id=job_id, worker_id=worker_id, error=text, lease_id=lease_id, retry=True)
+        rest = self.rest
+        rest_call = None if rest is None else (lambda: rest.fail_call(job_id, worker_id, lease_id, error))
+        return GrpcCall("fail", "fail", pb.ProcessRequest(fail=req), job_id=job_id, job_route=True,
+                        rest_call=rest_call)
+
+    def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
+        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+
+        req = pb.RenewLeaseRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id, extension_secs=lease_secs)
+        return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
+
+
+def _unary_job_answer(kind: str, answer):
+    if kind == "claim":
+        return [job_dict(j) for j in answer.jobs]
+    if kind == "fail":
+        return {"will_retry": answer.will_retry, "next_retry_delay_secs": answer.next_retry_delay_secs}
+    return None
+
+
+def _heartbeat_answer(r) -> dict:
+    if not r.acknowledged:
+        raise Rejected(404, "NOT_FOUND", "the API does not know this worker (heartbeat not acknowledged)")
+    return {"acknowledged": True, "should_drain": bool(r.should_drain)}
+
+
+# ------------------------------------------------------------------ the loop client
+@dataclass(eq=False)
+class _Pending:
+    """A submitted stream call until its last answer: `left` answers still due, `jobs` got so far."""
+
+    tag: object
+    call: GrpcCall
+    started: float
+    deadline: float
+    left: int = 0
+    jobs: list = field(default_factory=list)
+    error: ApiError | None = None
+    resent: bool = False
+    finished: bool = False
+
+
+class _Stream:
+    """One ProcessJobs call: requests go through a queue the call's iterator reads; a reader thread
+    turns every answer and the end into events for the loop. `sent` (loop thread only) holds the
+    unanswered requests in order."""
+
+    def __init__(self, api: GrpcAPI, emit: Callable[[tuple], None]):
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.sent: collections.deque = collections.deque()
+        self.answered = 0
+        self._emit = emit
+        self.call = api.queue_stub.ProcessJobs(self._iterate(), metadata=api.metadata)
+        threading.Thread(target=self._read, name="grpc-stream", daemon=True).start()
+
+    def _iterate(self):
+        while True:
+            msg = self.requests.get()
+            if msg is None:
+                return
+            yield msg
+
+    def _read(self) -> None:
+        import grpc
+
+        try:
+            for answer in self.call:
+                self._emit(("answer", self, answer))
+            self._emit(("end", self, None))
+        except grpc.RpcError as exc:
+            self._emit(("end", self, exc))
+        except Exception as exc:  # never lose the end of a stream
+            self._emit(("end", self, exc))
+
+    def send(self, slot: _Pending, msg) -> None:
+        self.sent.append(slot)
+        self.requests.put(msg)
+
+    def close(self) -> None:
+        self.requests.put(None)
+        self.call.cancel()
+
+
+class LoopGrpc:
+    """`LoopHTTP`'s interface over gRPC (see the module docstring). Only the loop thread calls it."""
+
+    def __init__(self, api: GrpcAPI, sel=None, wake_fd: int = -1, mode: str = "unary"):
+        if mode not in ("stream", "unary"):
+            raise ValueError("mode must be 'stream' or 'unary'")
+        self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
+        self.api = api
+        self.sel = sel
+        self.wake_fd = wake_fd
+        self.results: list[tuple] = []
+        self.waiting: collections.deque[_Pending] = collections.deque()  # stream calls not sent yet
+        self.stream: _Stream | None = None
+        self.failures = 0  # stream breaks since the last answer
+        self.reconnect_at = 0.0
+        self.last_error = ""
+        self.maybe_applied: set[str] = set()  # jobs whose complete/fail went out on a stream that broke
+        self._events: collections.deque = collections.deque()
+        self._woken = False
+        self._closed = False
+        self.rest: Any = None  # a LoopHTTP for the REST fallback, made on first use
+
+    # ------------------------------------------------------------- interface
+    def submit(self, tag, call: GrpcCall, first: bool = False) -> None:
+        now = time.monotonic()
+        if call.rest_only and call.error is not None:
+            return self._fall_back(tag, call, call.error)
+        if call.error is not None:
+            self._result(tag, call, now, error=call.error)
+            return
+        self.api.connect()
+        if call.kind in STREAM_KINDS and self.mode == "unary":
+            return self._submit_unary_job(tag, call, now)
+        if call.kind in STREAM_KINDS:
+            item = _Pending(tag, call, now, now + self.api.timeout)
+            if first:
+                self.waiting.appendleft(item)
+            else:
+                self.waiting.append(item)
+            self._pump(now)
+            return
+        method = getattr(self.api.worker_stub, UNARY_ROUTES[call.kind])
+        future = method.future(call.message, metadata=self.api.metadata, timeout=self.api.timeout)
+        future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
+
+    def _submit_unary_job(self, tag, call: GrpcCall, now: float) -> None:
+        rpc, field_name = JOB_UNARY[call.kind]
+        request = getattr(call.message, field_name)
+        if call.kind == "claim":
+            request.batch_size = call.count
+        future = getattr(self.api.queue_stub, rpc).future(request, metadata=self.api.metadata,
+                                                          timeout=self.api.timeout)
+        future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
+
+    def done(self) -> list[tuple]:
+        self._drain(time.monotonic())
+        if self.rest is not None:
+            for (_, tag, call, grpc_error), result, error in self.rest.done():
+                if isinstance(error, AlreadyFinished) and call.job_id in self.maybe_applied:
+                    result, error = None, None  # the gRPC copy whose answer was lost had been applied
+                elif isinstance(error, (Unauthorized, Rejected, Conflict, QuotaExceeded, Unavailable)):
+                    # the fallback cannot help (e.g. --api-url is not this deployment): answer as gRPC did,
+                    # so a REST refusal never stops the daemon
+                    error = grpc_error if not call.rest_only else Rejected(
+                        0, grpc_error.code, f"{grpc_error.message}; the REST fallback failed too: {error}")
+                self.maybe_applied.discard(call.job_id)
+                self.results.append((tag, result, error))
+        out, self.results = self.results, []
+        return out
+
+    def next_deadline(self) -> float | None:
+        times = [item.deadline for item in self.waiting]
+        rest = self.rest.next_deadline() if self.rest is not None else None
+        if rest is not None:
+            times.append(rest)
+        if self.stream is not None and self.stream.sent:
+            times.append(self.stream.sent[0].deadline)
+        if self.stream is None and self.waiting:
+            times.append(self.reconnect_at)
+        return min(times) if times else None
+
+    def expire(self, now: float) -> None:
+        """Take what gRPC's threads handed over, fail calls past their deadline, (re)open the stream."""
+        self._drain(now)
+        if self.rest is not None:
+            self.rest.expire(now)
+        if self.stream is not None and self.stream.sent and now >= self.stream.sent[0].deadline:
+            stuck = self.stream.sent.popleft()
+            self._finish(stuck, now, Unavailable(0, "TIMEOUT", f"no answer from {self.api.base_url} within "
+                                                              f"{self.api.timeout:g} s"), lost=True)
+            self._break(now, "a call timed out")
+        for item in [i for i in self.waiting if now >= i.deadline]:
+            self.waiting.remove(item)
+            self._finish(item, now, Unavailable(0, "TIMEOUT", f"no ProcessJobs stream to {self.api.base_url}: "
+                                                              f"{self.last_error or 'connecting'}"), lost=True)
+        self._pump(now)
+
+    def on_ready(self, conn, mask: int, now: float) -> None:
+        """A selector event of the REST fallback's sockets (gRPC registers nothing)."""
+        if self.rest is not None:
+            self.rest.on_ready(conn, mask, now)
+
+    def close(self) -> None:
+        self._closed = True
+        if self.rest is not None:
+            self.rest.close()
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        self.api.close()
+
+    # ------------------------------------------------------------ the stream
+    def _pump(self, now: float) -> None:
+        if not self.waiting or self._closed:
+            return
+        if self.stream is None:
+            if now < self.reconnect_at:
+                return
+            self.stream = _Stream(self.api, self._emit)
+        while self.waiting:
+            item = self.waiting.popleft()
+            item.left = item.call.count
+            for _ in range(item.call.count):
+                self.stream.send(item, item.call.message)
+
+    def _break(self, now: float, why: str) -> None:
+        """Drop the stream; re-send its unanswered settlements first on the next one."""
+        stream, self.stream = self.stream, None
+        if stream is None:
+            return
+        stream.close()
+        self.failures += 1
+        self.last_error = why
+        self.reconnect_at = now + backoff(self.failures, 0.2, 5.0)
+        resend: list[_Pending] = []
+        for slot in stream.sent:
+            if slot.finished:
+                continue
+            if slot.call.kind == "claim":
+                slot.left -= 1
+                if slot.left == 0:
+                    self._finish(slot, now, Unavailable(0, "STREAM_BROKEN", f"ProcessJobs stream broke: {why}"))
+            elif slot not in resend:
+                if slot.call.kind in ("complete", "fail"):
+                    self.maybe_applied.add(slot.call.job_id)
+                slot.resent = True
+                resend.append(slot)
+        self.waiting.extendleft(reversed(resend))
+
+    def _on_answer(self, stream: _Stream, answer, now: float) -> None:
+        if stream is not self.stream or not stream.sent:
+            return  # from a stream already given up
+        self.failures = 0
+        slot = stream.sent.popleft()
+        if slot.finished:
+            return
+        which = answer.WhichOneof("response")
+        call = slot.call
+        if call.kind == "claim":
+            slot.left -= 1
+            if which == "job":
+                slot.jobs.append(job_dict(answer.job))
+            elif which == "error" and answer.error.code != "NO_JOBS" and slot.error is None:
+                slot.error = map_inband(answer.error.code, answer.error.message)
+            if slot.left == 0:
+                self._finish(slot, now)
+            return
+        if which == "error":
+            code, message = answer.error.code, answer.error.message
+            if code == "NOT_FOUND" and call.kind in ("complete", "fail") and call.job_id in self.maybe_applied:
+                self.maybe_applied.discard(call.job_id)
+                return self._finish(slot, now)  # a re-sent settlement: the first copy was applied
+            self.maybe_applied.discard(call.job_id)
+            if code == "UNAUTHENTICATED":
+                self._finish(slot, now, map_inband(code, message))
+                return self._break(now, "UNAUTHENTICATED")
+            return self._finish(slot, now, map_inband(code, message))
+        self.maybe_applied.discard(call.job_id)
+        if which == "fail":
+            slot.jobs = [{"will_retry": answer.fail.will_retry,
+                          "next_retry_delay_secs": answer.fail.next_retry_delay_secs}]
+        self._finish(slot, now)
+
+    def _on_end(self, stream: _Stream, exc, now: float) -> None:
+        if stream is not self.stream:
+            return
+        import grpc
+
+        if isinstance(exc, grpc.RpcError) and exc.code() in (grpc.StatusCode.UNAUTHENTICATED,
+                                                             grpc.StatusCode.PERMISSION_DENIED):
+            err = map_status(exc.code(), exc.details() or "", False)
+            self.stream = None
+            stream.close()
+            for slot in list(dict.fromkeys(stream.sent)) + list(self.waiting):
+                self._finish(slot, now, err)
+            self.waiting.clear()
+            return
+        if isinstance(exc, grpc.RpcError):
+            why = f"{exc.code().name}: {exc.details() or ''}"
+        else:
+            why = "the server ended the stream" if exc is None else f"{type(exc).__name__}: {exc}"
+        self._break(now, why)
+
+    # --------------------------------------------------------------- results
+    def _finish(self, slot: _Pending, now: float, error: ApiError | None = None, lost: bool = False) -> None:
+        """Hand a stream call's outcome to the parent (once; later answers for it are dropped)."""
+        if slot.finished:
+            return
+        slot.finished = True
+        call = slot.call
+        if lost and call.kind in ("complete", "fail"):
+            self.maybe_applied.add(call.job_id)  # the parent may send it again: a NOT_FOUND then means done
+        if call.kind == "claim":
+            if slot.jobs or (error is None and slot.error is None):
+                return self._result(slot.tag, call, slot.started, list(slot.jobs))
+            return self._result(slot.tag, call, slot.started, error=error or slot.error)
+        if error is not None:
+            return self._result(slot.tag, call, slot.started, error=error)
+        self._result(slot.tag, call, slot.started, slot.jobs[0] if slot.jobs else None)
+
+    def _on_unary(self, tag, call: GrpcCall, started: float, future) -> None:
+        import grpc
+
+        try:
+            answer = future.result()
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if call.kind in ("complete", "fail"):
+                if code == grpc.StatusCode.NOT_FOUND and call.job_id in self.maybe_applied:
+                    self.maybe_applied.discard(call.job_id)
+                    return self._result(tag, call, started)  # a retried settlement: the first copy was applied
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self.maybe_applied.add(call.job_id)
+            return self._result(tag, call, started, error=map_status(code, exc.details() or "", call.job_route))
+        except grpc.FutureCancelledError:
+            return self._result(tag, call, started, error=Unavailable(0, "CANCELLED", "call cancelled"))
+        self.maybe_applied.discard(call.job_id)
+        try:
+            result = call.answer(answer) if call.answer else _unary_job_answer(call.kind, answer)
+        except ApiError as exc:
+            return self._result(tag, call, started, error=exc)
+        self._result(tag, call, started, result)
+
+    def _fall_back(self, tag, call: GrpcCall, grpc_error: ApiError) -> None:
+        """Send a settlement over REST instead; its answer comes back through done() (a REST failure as
+        `grpc_error`, the answer gRPC gave)."""
+        from supervisor.client.loophttp import LoopHTTP
+
+        rest_api, build = self.api.rest, call.rest_call
+        if rest_api is None or build is None:  # (rest_call is only set when there is a REST API)
+            return self.results.append((tag, None, Unavailable(0, "NO_FALLBACK", "no REST API to fall back to")))
+        if self.rest is None:
+            self.rest = LoopHTTP(rest_api, self.sel, self.wake_fd)
+        call.fell_back = True
+        self.rest.submit(("grpc-fallback", tag, call, grpc_error), build())
+
+    def _result(self, tag, call: GrpcCall, started: float, result=None, error: ApiError | None = None) -> None:
+        if self.api.on_request is not None:
+            status = 200 if error is None else error.status
+            self.api.on_request(call.route, status, time.monotonic() - started)
+        if isinstance(error, Unavailable) and call.rest_call is not None and not call.fell_back:
+            return self._fall_back(tag, call, error)  # gRPC could not deliver it: REST may
+        self.results.append((tag, result, error))
+
+    # ---------------------------------------------------- thread hand-over
+    def _emit(self, event: tuple) -> None:
+        """Called on gRPC's threads: queue the event and wake the loop (one byte per wake-up)."""
+        self._events.append(event)
+        if not self._woken:
+            self._woken = True
+            if self.wake_fd >= 0:
+                try:
+                    os.write(self.wake_fd, b"\0")
+                except OSError:  # a full pipe is already readable
+                    pass
+
+    def _drain(self, now: float) -> None:
+        self._woken = False
+        events = self._events
+        while events:
+            kind, a, b, *rest = events.popleft()
+            if kind == "answer":
+                self._on_answer(a, b, now)
+            elif kind == "end":
+                self._on_end(a, b, now)
+            else:
+                self._on_unary(a, b, rest[0], rest[1])
+
+
+def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
+    """The GrpcAPI for `cfg.transport == 'grpc'`, from cfg.grpc_url, cfg.api_key, cfg.api_timeout and
+    cfg.ca_bundle, with cfg.api_url (if set) as the REST fallback for settlements. Raises GrpcMissing
+    (one line to print, exit 2) without the grpc extra, ValueError for a malformed URL. Creates no
+    channel and no thread."""
+    require_grpc()
+    timeout, ca_bundle = getattr(cfg, "api_timeout", 10.0), getattr(cfg, "ca_bundle", None)
+    rest = None
+    if getattr(cfg, "api_url", None):
+        rest = SpooledAPI(cfg.api_url, cfg.api_key, timeout=timeout, ca_bundle=ca_bundle, on_request=on_request)
+    return GrpcAPI(getattr(cfg, "grpc_url", None) or DEFAULT_GRPC_URL, cfg.api_key, timeout=timeout,
+                   ca_bundle=ca_bundle, on_request=on_request, rest=rest)
+
+
+def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
+                   mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
+    """(api, client): `make_api(cfg)` and its loop client on `selector` / `wake_fd`; the shape comes from
+    cfg.grpc_mode if present ('unary' or 'stream'), else `mode`."""
+    api = make_api(cfg, on_request)
+    return api, LoopGrpc(api, selector, wake_fd, mode=getattr(cfg, "grpc_mode", None) or mode)

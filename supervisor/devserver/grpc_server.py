@@ -1,0 +1,415 @@
+"""Spooled's gRPC API (QueueService, WorkerService) served from the dev server's Store.
+
+Contract (GRPC.md): auth by `x-api-key` or `authorization: Bearer` metadata (UNAUTHENTICATED
+otherwise); the per-organization rate limit answers RESOURCE_EXHAUSTED "Rate limit exceeded"; then
+the fault switches apply as on REST (delay; `fail_503` -> UNAVAILABLE before handling; `cut` ->
+handled, then UNAVAILABLE instead of the answer). Leases <= 0 mean 300 s, others are clamped to
+5-3600. Settlement needs a lease_id (INVALID_ARGUMENT); a lease held by this worker but expired or
+replaced is FAILED_PRECONDITION; anything else NOT_FOUND "Job not found or not authorized".
+`StreamJobs` keeps one job out per stream and sleeps on the store's change counter (an enqueue, a
+settlement, a recovery wakes it; a retry's back-off is waited out by its due time), never polling.
+`ProcessJobs` answers every message once, in order, with in-band `ErrorResponse`s. Payloads and
+results are Struct: a non-object payload goes out missing; numbers are doubles.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import orjson
+from google.protobuf import json_format, struct_pb2
+
+from .errors import ApiError
+from .grpc_gen import spooled_pb2 as pb
+from .grpc_gen import spooled_pb2_grpc as pb_grpc
+from .store import Store, dumps
+from .validate import check_hostname, check_queue_name, check_worker_id
+
+GRPC_DEFAULT_LEASE = 300
+MAX_RESULT_BYTES = 1024 * 1024
+MAX_ERROR_BYTES = 4096
+MAX_MESSAGE = 4 * 1024 * 1024
+NOT_OWNED = "Job not found or not authorized"
+LEASE_MISMATCH = "lease_id does not match the job's current lease"
+STATUSES = {"pending": pb.JOB_STATUS_PENDING, "scheduled": pb.JOB_STATUS_SCHEDULED,
+            "processing": pb.JOB_STATUS_PROCESSING, "completed": pb.JOB_STATUS_COMPLETED,
+            "failed": pb.JOB_STATUS_FAILED, "deadletter": pb.JOB_STATUS_DEADLETTER,
+            "cancelled": pb.JOB_STATUS_CANCELLED}
+WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
+SC = grpc.StatusCode
+
+
+class GrpcError(Exception):
+    """A gRPC status to end the call with; `inband` is the ProcessJobs ErrorResponse code for it."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, inband: str = "INTERNAL"):
+        super().__init__(message)
+        self.code, self.message, self.inband = code, message, inband
+
+
+def clamp_lease(secs: int) -> int:
+    return GRPC_DEFAULT_LEASE if secs <= 0 else max(5, min(3600, secs))
+
+
+def _invalid(message: str) -> GrpcError:
+    return GrpcError(SC.INVALID_ARGUMENT, message, "INVALID_ARGUMENT")
+
+
+def from_api_error(e: ApiError, job_route: bool = False) -> GrpcError:
+    """The store's REST-shaped outcome as the gRPC status the real server gives."""
+    code, msg = e.body.get("code"), e.body.get("message", "")
+    if e.status in (400, 422):
+        return _invalid(msg)
+    if e.status == 401:
+        return GrpcError(SC.UNAUTHENTICATED, msg, "UNAUTHENTICATED")
+    if e.status == 403:
+        return GrpcError(SC.PERMISSION_DENIED, msg, "PERMISSION_DENIED")
+    if e.status == 429:
+        return GrpcError(SC.RESOURCE_EXHAUSTED, msg if code == "QUOTA_EXCEEDED" else "Rate limit exceeded",
+                         "RATE_LIMIT_EXCEEDED")
+    if e.status == 503:
+        return GrpcError(SC.UNAVAILABLE, msg, "INTERNAL")
+    if job_route and code == "LEASE_EXPIRED":
+        return GrpcError(SC.FAILED_PRECONDITION, LEASE_MISMATCH if "does not match" in msg else "Lease expired",
+                         "LEASE_EXPIRED")
+    if job_route and e.status in (404, 409):  # not held by this worker, or already settled (a duplicate)
+        return GrpcError(SC.NOT_FOUND, NOT_OWNED, "NOT_FOUND")
+    if e.status == 404:
+        return GrpcError(SC.NOT_FOUND, msg, "NOT_FOUND")
+    if e.status == 409:
+        return GrpcError(SC.ALREADY_EXISTS, msg, "INVALID_REQUEST")
+    return GrpcError(SC.INTERNAL, msg, "INTERNAL")
+
+
+# ------------------------------------------------------------------ conversions
+def struct_from_json(text: str | None) -> struct_pb2.Struct | None:
+    """Stored JSON text -> Struct, or None when it is not an object (it then goes out missing)."""
+    if not text or not text.lstrip().startswith("{"):
+        return None
+    s = struct_pb2.Struct()
+    s.update(orjson.loads(text))
+    return s
+
+
+def json_from_struct(msg, field: str) -> str | None:
+    """A Struct field as JSON text (None when unset); every number is a double, as the wire has it."""
+    if not msg.HasField(field):
+        return None
+    return dumps(json_format.MessageToDict(getattr(msg, field)))
+
+
+def _stamp(job: pb.Job, field: str, t: float | None) -> None:
+    if t is not None:
+        getattr(job, field).FromNanoseconds(int(t * 1e9))
+
+
+def job_message(row: dict) -> pb.Job:
+    """A Job message from store columns (JSON text, epoch seconds)."""
+    job = pb.Job(id=row["id"], organization_id=row.get("organization_id") or "", queue_name=row["queue_name"],
+                 status=STATUSES.get(row.get("status") or "", pb.JOB_STATUS_UNSPECIFIED),
+                 retry_count=row.get("retry_count") or 0, max_retries=row.get("max_retries") or 0,
+                 last_error=row.get("last_error") or "", priority=row.get("priority") or 0,
+                 timeout_seconds=row.get("timeout_seconds") or 0,
+                 assigned_worker_id=row.get("assigned_worker_id") or "",
+                 idempotency_key=row.get("idempotency_key") or "", lease_id=row.get("lease_id") or "")
+    for field in ("payload", "result"):
+        s = struct_from_json(row.get(field))
+        if s is not None:
+            getattr(job, field).CopyFrom(s)
+    for field in ("created_at", "scheduled_at", "started_at", "completed_at", "lease_expires_at"):
+        _stamp(job, field, row.get(field))
+    return job
+
+
+def _settlement_ids(req) -> None:
+    if not req.job_id:
+        raise _invalid("job_id is required")
+    if not req.worker_id:
+        raise _invalid("worker_id is required")
+    if not req.lease_id:
+        raise _invalid("lease_id is required for job settlement")
+
+
+# ------------------------------------------------------------------ the services
+class Backend:
+    """The operations both services share: auth, limits, faults, and one method per RPC body."""
+
+    def __init__(self, store: Store, cfg, faults, limiter=None):
+        self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
+
+    def authenticate(self, context) -> str:
+        md = {k.lower(): v for k, v in context.invocation_metadata()}
+        key = md.get("x-api-key")
+        if key is None:
+            auth = md.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else (auth.strip() or None)
+        if not key:
+            raise GrpcError(SC.UNAUTHENTICATED, "Missing x-api-key or authorization header", "UNAUTHENTICATED")
+        org = self.store.org_for_key(key)
+        if org is None:
+            raise GrpcError(SC.UNAUTHENTICATED, "Invalid API key", "UNAUTHENTICATED")
+        return org
+
+    def admit(self, org: str) -> bool:
+        """Rate limit, then the delay and 503 faults; returns whether this answer is to be cut."""
+        if self.limiter is not None:
+            try:
+                self.limiter.take(org)
+            except ApiError:
+                raise GrpcError(SC.RESOURCE_EXHAUSTED, "Rate limit exceeded", "RATE_LIMIT_EXCEEDED") from None
+        if not self.faults.active():
+            return False
+        try:
+            self.faults.before()
+        except ApiError as e:
+            raise GrpcError(SC.UNAVAILABLE, e.body["message"]) from None
+        return self.faults.should_cut()
+
+    # -- queue --
+    def enqueue(self, org: str, req: pb.EnqueueRequest) -> pb.EnqueueResponse:
+        check_queue_name(req.queue_name)
+        if not -100 <= req.priority <= 100:
+            raise _invalid("priority must be between -100 and 100")
+        payload = json_from_struct(req, "payload") or "{}"
+        if len(payload.encode()) > self.cfg.max_payload_bytes:
+            raise _invalid(f"payload exceeds maximum ({self.cfg.max_payload_bytes} bytes)")
+        j = {"queue_name": req.queue_name, "payload": payload, "priority": req.priority,
+             "max_retries": max(0, min(100, req.max_retries)) if req.max_retries > 0 else None,
+             "timeout_seconds": min(86400, req.timeout_seconds) if req.timeout_seconds > 0 else None,
+             "scheduled_at": req.scheduled_at.ToNanoseconds() / 1e9 if req.HasField("scheduled_at") else None,
+             "idempotency_key": req.idempotency_key or None, "tags": dumps(dict(req.tags)) if req.tags else None}
+        jid, created = self.store.create_job(org, j)
+        return pb.EnqueueResponse(job_id=jid, created=created)
+
+    def claim(self, org: str, queue: str, worker_id: str, lease: int, limit: int) -> list[pb.Job]:
+        if not queue:
+            raise _invalid("queue_name is required")
+        if not worker_id:
+            raise _invalid("worker_id is required")
+        rows = self.store.claim_raw(org, queue, worker_id, limit, clamp_lease(lease))
+        return [job_message(r) for r in rows]
+
+    def complete(self, org: str, req: pb.CompleteRequest) -> pb.CompleteResponse:
+        _settlement_ids(req)
+        result = json_from_struct(req, "result")
+        if result is not None and len(result.encode()) > MAX_RESULT_BYTES:
+            raise _invalid(f"result exceeds maximum ({MAX_RESULT_BYTES} bytes of JSON)")
+        self.store.complete(org, req.job_id, req.worker_id, req.lease_id, result)
+        return pb.CompleteResponse(success=True)
+
+    def fail(self, org: str, req: pb.FailRequest) -> pb.FailResponse:
+        _settlement_ids(req)
+        error = req.error.encode()[:MAX_ERROR_BYTES].decode("utf-8", "ignore") or "Job failed"
+        retry = req.retry if req.HasField("retry") else True
+        will_retry, delay = self.store.fail_job(org, req.job_id, req.worker_id, req.lease_id, error, retry=retry,
+                                                count_dead=True)
+        return pb.FailResponse(success=True, will_retry=will_retry, next_retry_delay_secs=int(delay))
+
+    def renew(self, org: str, req: pb.RenewLeaseRequest) -> pb.RenewLeaseResponse:
+        _settlement_ids(req)
+        secs = clamp_lease(req.extension_secs)
+        self.store.renew_lease(org, req.job_id, req.worker_id, req.lease_id, secs)
+        out = pb.RenewLeaseResponse(success=True)
+        out.new_expires_at.FromNanoseconds(int((time.time() + secs) * 1e9))
+        return out
+
+    def get_job(self, org: str, req: pb.GetJobRequest) -> pb.GetJobResponse:
+        return pb.GetJobResponse(job=job_message(self.store.job_raw(org, req.job_id)))
+
+    def queue_stats(self, org: str, req: pb.GetQueueStatsRequest) -> pb.GetQueueStatsResponse:
+        return pb.GetQueueStatsResponse(queue_name=req.queue_name, **self.store.grpc_queue_stats(org, req.queue_name))
+
+    # -- workers --
+    def register(self, org: str, req: pb.RegisterWorkerRequest) -> pb.RegisterWorkerResponse:
+        check_queue_name(req.queue_name)
+        hostname = check_hostname(req.hostname) if req.hostname else "unknown"
+        wid = check_worker_id(req.worker_id) if req.HasField("worker_id") and req.worker_id else None
+        conc = 5 if req.max_concurrency == 0 else max(1, min(1000, req.max_concurrency))
+        w = {"worker_id": wid, "queue_name": req.queue_name, "hostname": hostname,
+             "worker_type": req.worker_type[:50] or None, "version": req.version[:50] or None,
+             "max_concurrency": conc, "metadata": dumps(dict(req.metadata))}
+        wid = self.store.register_worker(org, w, self.cfg.max_workers)
+        return pb.RegisterWorkerResponse(worker_id=wid, lease_duration_secs=self.cfg.lease_duration,
+                                         heartbeat_interval_secs=self.cfg.heartbeat_interval)
+
+    def heartbeat(self, org: str, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        status = req.status or "healthy"
+        if status not in WORKER_STATUSES:
+            raise _invalid("status must be one of healthy, degraded, draining, offline")
+        meta = dumps(dict(req.metadata)) if req.metadata else None
+        acked, drain = self.store.heartbeat_sticky(org, req.worker_id, max(0, req.current_jobs), status, meta)
+        return pb.HeartbeatResponse(acknowledged=acked, should_drain=drain)
+
+    def deregister(self, org: str, req: pb.DeregisterRequest) -> pb.DeregisterResponse:
+        self.store.deregister_worker(org, req.worker_id)
+        return pb.DeregisterResponse(success=True)
+
+
+def _run(fn: Callable, job_route: bool = False):
+    """Call `fn`, turning the store's outcomes into GrpcError."""
+    try:
+        return fn()
+    except GrpcError:
+        raise
+    except ApiError as e:
+        raise from_api_error(e, job_route) from None
+    except sqlite3.Error as e:
+        print(f"warning: database error on a gRPC call: {e}", file=sys.stderr, flush=True)
+        raise GrpcError(SC.INTERNAL, "A database error occurred") from None
+
+
+def unary(body: Callable, job_route: bool = False) -> Callable:
+    """A servicer method: authenticate, admit, run `body(org, request)`, map errors to a status."""
+
+    def method(self, request, context):
+        try:
+            org = self.backend.authenticate(context)
+            cut = self.backend.admit(org)
+            answer = _run(lambda: body(self.backend, org, request), job_route)
+            if cut:  # injected fault: the write happened, the client never sees the answer
+                raise GrpcError(SC.UNAVAILABLE, "Injected fault: connection cut after handling")
+            return answer
+        except GrpcError as e:
+            context.abort(e.code, e.message)
+        except Exception as e:  # never a stack trace to the client
+            print(f"warning: internal error on a gRPC call: {e!r}", file=sys.stderr, flush=True)
+            context.abort(SC.INTERNAL, "An internal error occurred")
+
+    return method
+
+
+class QueueService(pb_grpc.QueueServiceServicer):
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    Enqueue = unary(Backend.enqueue)
+    Complete = unary(Backend.complete, job_route=True)
+    Fail = unary(Backend.fail, job_route=True)
+    RenewLease = unary(Backend.renew, job_route=True)
+    GetJob = unary(Backend.get_job)
+    GetQueueStats = unary(Backend.queue_stats)
+    Dequeue = unary(lambda b, org, r: pb.DequeueResponse(
+        jobs=b.claim(org, r.queue_name, r.worker_id, r.lease_duration_secs, max(1, min(100, r.batch_size)))))
+
+    def StreamJobs(self, request: pb.StreamJobsRequest, context) -> Iterator[pb.Job]:
+        try:
+            org = self.backend.authenticate(context)
+            self.backend.admit(org)
+            if not request.queue_name or not request.worker_id:
+                raise _invalid("queue_name and worker_id are required")
+            yield from JobStream(self.backend, org, request, context).run()
+        except GrpcError as e:
+            context.abort(e.code, e.message)
+
+    def ProcessJobs(self, request_iterator, context) -> Iterator[pb.ProcessResponse]:
+        try:
+            org = self.backend.authenticate(context)
+        except GrpcError as e:
+            context.abort(e.code, e.message)
+        for msg in request_iterator:
+            try:
+                cut = self.backend.admit(org)
+            except GrpcError as e:
+                if e.code == SC.UNAVAILABLE:  # the injected 503 ends the stream, as a proxy would
+                    context.abort(e.code, e.message)
+                yield pb.ProcessResponse(error=pb.ErrorResponse(code=e.inband, message=e.message))
+                continue
+            answer = self.process_one(org, msg)
+            if cut:
+                context.abort(SC.UNAVAILABLE, "Injected fault: connection cut after handling")
+            yield answer
+
+    def process_one(self, org: str, msg: pb.ProcessRequest) -> pb.ProcessResponse:
+        """One ProcessJobs message -> its one answer (an ErrorResponse for any refusal)."""
+        b = self.backend
+        which = msg.WhichOneof("request")
+        try:
+            if which == "dequeue":
+                d = msg.dequeue
+                jobs = _run(lambda: b.claim(org, d.queue_name, d.worker_id, d.lease_duration_secs, 1))
+                if not jobs:
+                    return pb.ProcessResponse(error=pb.ErrorResponse(code="NO_JOBS", message="No jobs available"))
+                return pb.ProcessResponse(job=jobs[0])
+            if which == "complete":
+                return pb.ProcessResponse(complete=_run(lambda: b.complete(org, msg.complete), True))
+            if which == "fail":
+                return pb.ProcessResponse(fail=_run(lambda: b.fail(org, msg.fail), True))
+            if which == "renew_lease":
+                return pb.ProcessResponse(renew_lease=_run(lambda: b.renew(org, msg.renew_lease), True))
+            raise GrpcError(SC.INVALID_ARGUMENT, "ProcessRequest carries no request", "INVALID_REQUEST")
+        except GrpcError as e:
+            return pb.ProcessResponse(error=pb.ErrorResponse(code=e.inband, message=e.message))
+        except Exception as e:
+            print(f"warning: internal error on ProcessJobs: {e!r}", file=sys.stderr, flush=True)
+            return pb.ProcessResponse(error=pb.ErrorResponse(code="INTERNAL", message="An internal error occurred"))
+
+
+class JobStream:
+    """One StreamJobs call: claim one job, hand it out, wait until it is settled or its lease ends, repeat."""
+
+    def __init__(self, backend: Backend, org: str, request: pb.StreamJobsRequest, context):
+        self.backend, self.store, self.org, self.req, self.context = backend, backend.store, org, request, context
+        context.add_callback(self.store.changed.bump)  # a cancelled stream wakes its waiting thread
+
+    def run(self) -> Iterator[pb.Job]:
+        seen = self.store.changed.version
+        while self.context.is_active():
+            jobs = _run(lambda: self.backend.claim(self.org, self.req.queue_name, self.req.worker_id,
+                                                   self.req.lease_duration_secs, 1))
+            if not jobs:
+                seen = self.store.changed.wait(seen, self._until_due())
+                continue
+            yield jobs[0]
+            seen = self._wait_settled(jobs[0].id, jobs[0].lease_id)
+
+    def _until_due(self) -> float | None:
+        due = self.store.next_due(self.org, self.req.queue_name)
+        return None if due is None else max(0.0, due - time.time()) + 0.01
+
+    def _wait_settled(self, job_id: str, lease_id: str) -> int:
+        """Block until the job is no longer processing under `lease_id`, or that lease has run out."""
+        seen = self.store.changed.version
+        while self.context.is_active():
+            state = self.store.lease_state(self.org, job_id)
+            if state is None or state[0] != "processing" or state[1] != lease_id:
+                return seen
+            left = (state[2] or 0) - time.time()
+            if left <= 0:
+                return seen
+            seen = self.store.changed.wait(seen, left + 0.01)
+        return seen
+
+
+class WorkerService(pb_grpc.WorkerServiceServicer):
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    Register = unary(Backend.register)
+    Heartbeat = unary(Backend.heartbeat)
+    Deregister = unary(Backend.deregister)
+
+
+def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int,
+                     max_streams: int = 256) -> tuple[grpc.Server, int]:
+    """A started gRPC server on host:port (0 = a free port); returns it and the port it got.
+
+    Every open stream holds one thread: at most `max_streams` RPCs run at once (others wait)."""
+    backend = Backend(store, cfg, faults, limiter)
+    server = grpc.server(ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc"),
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                  ("grpc.max_send_message_length", MAX_MESSAGE),
+                                  ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 20_000),
+                                  ("grpc.max_concurrent_streams", 200),
+                                  ("grpc.http2.min_ping_interval_without_data_ms", 5_000)])
+    pb_grpc.add_QueueServiceServicer_to_server(QueueService(backend), server)
+    pb_grpc.add_WorkerServiceServicer_to_server(WorkerService(backend), server)
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {host}:{port}")
+    server.start()
+    return server, bound
