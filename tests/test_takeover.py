@@ -78,3 +78,12 @@ def test_unknown_heartbeat_commands_are_logged_once_and_never_fail(caplog):
         assert m.on_heartbeat({"acknowledged": True, "commands": [{"type": "reboot"}, "weird"]}, None, now=t) == []
     logged = [r for r in caplog.records if "does not know" in r.getMessage()]
     assert len(logged) == 2 and m.commands_seen == {"reboot", "weird"}
+
+
+def test_a_heartbeat_answer_that_says_should_drain_asks_for_a_drain():
+    from supervisor.parent.facts import DrainAsked
+
+    m = _membership([])
+    m.on_register({}, None, now=0.0)
+    assert m.on_heartbeat({"acknowledged": True, "should_drain": False}, None, now=1.0) == []
+    assert m.on_heartbeat({"acknowledged": True, "should_drain": True}, None, now=2.0) == [DrainAsked()]

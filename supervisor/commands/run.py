@@ -43,6 +43,10 @@ def main(argv: list[str]) -> int:
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
     start_forkserver()  # with the key and the notify socket out of the environment, before any thread
+    if cfg.transport == "grpc":  # imported only now: children (from the forkserver) never import grpc
+        from supervisor.client.grpc_transport import make_api
+
+        client = make_api(cfg, on_request=hooks.api_request)  # type: ignore[assignment]  # builds the same calls
     arbiter = Arbiter(cfg, client, hooks)
     try:
         hooks.start(arbiter.snapshot)

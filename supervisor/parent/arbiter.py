@@ -34,6 +34,7 @@ from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,
+    DrainAsked,
     ExitNow,
     Fact,
     Fatal,
@@ -88,7 +89,8 @@ class Arbiter:
         os.set_blocking(self.wake_w, False)
         # Completes, claims and renewals overlap on kept-alive connections: with 50 ms answers, each
         # connection carries at most 20 requests/s, so the pool grows with the children it serves.
-        self.http = LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 4 + 2 * cfg.procs))
+        self.http = (client.loop_client(self.sel, self.wake_w) if cfg.transport == "grpc" else  # type: ignore[attr-defined]
+                     LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 4 + 2 * cfg.procs)))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
         self.pool = ChildPool(cfg, self.sel, self.hooks)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
@@ -234,6 +236,8 @@ class Arbiter:
                 self.finish(fact.code)
             elif isinstance(fact, TakenOver):
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
+            elif isinstance(fact, DrainAsked):
+                self.begin_drain(now, exitcodes.OK)
 
     def reap(self, child, now: float) -> None:
         try:

@@ -77,7 +77,12 @@ class TakenOver:
     other: str
 
 
-Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver
+@dataclass(frozen=True)
+class DrainAsked:
+    """The API asked this worker to drain (a heartbeat answer's `should_drain`)."""
+
+
+Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked
 
 
 @dataclass(frozen=True)

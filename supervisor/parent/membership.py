@@ -27,7 +27,7 @@ from supervisor.client import rest as api
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
-from supervisor.parent.facts import ExitNow, Fact, Fatal, Followup, Registered, Submit, TakenOver
+from supervisor.parent.facts import DrainAsked, ExitNow, Fact, Fatal, Followup, Registered, Submit, TakenOver
 
 log = logging.getLogger("supervisor")
 
@@ -141,9 +141,8 @@ class Membership:
     def on_heartbeat(self, answer, error, now: float) -> list[Fact]:
         self.heartbeat_inflight = False
         if error is None:
-            self._follow_answer(answer, now)
             self.row_check_at = now + self.heartbeat_interval / 2
-            return []
+            return self._follow_answer(answer, now)
         if isinstance(error, api.Rejected) and error.status == 404:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
             self.registered = False
@@ -160,10 +159,11 @@ class Membership:
         self.heartbeat_inflight = False
         return []
 
-    def _follow_answer(self, answer, now: float) -> None:
-        """The documented heartbeat answer: follow `next_heartbeat_seconds`, log unknown commands once."""
+    def _follow_answer(self, answer, now: float) -> list[Fact]:
+        """The documented heartbeat answer: follow `next_heartbeat_seconds`, log unknown commands once,
+        and drain when it says `should_drain` (as the gRPC API's heartbeat answer can)."""
         if not isinstance(answer, dict):
-            return  # the real server's empty 200
+            return []  # the real server's empty 200
         secs = answer.get("next_heartbeat_seconds")
         if isinstance(secs, (int, float)) and not isinstance(secs, bool) and secs > 0:
             interval = float(max(1.0, min(300.0, secs)))
@@ -178,6 +178,10 @@ class Membership:
                 self.commands_seen.add(name)
                 log_event(log, WARNING, "heartbeat answer carries a command this daemon does not know; ignored",
                           command=name[:200])
+        if answer.get("should_drain") is True:
+            log_event(log, WARNING, "the API asks this worker to drain (should_drain)")
+            return [DrainAsked()]
+        return []
 
     def heartbeat_metadata(self, procs: int, busy: int, children: int, cpu: float, mem: float) -> dict:
         return {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
