@@ -113,7 +113,8 @@ class DevServer:
         env.pop("SPOOLED_API_KEY", None)
         cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--db", self.db,
                *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True)
         self.out = LinePump(self.proc.stdout)
         deadline = time.monotonic() + 20
         while not self.url:

@@ -182,7 +182,8 @@ def main(argv=None) -> int:
     report["pass"] = bool(rate_ok and pct(claims, 99) < args.target_p99_ms
                           and stats["completed"] == done)
     rows = [("jobs completed", f"{done} (server says {stats['completed']})"),
-            ("elapsed", f"{elapsed:.2f} s"), ("claim+complete cycles/s", f"{rate:.0f} (target >= {args.target_rate:.0f})"),
+            ("elapsed", f"{elapsed:.2f} s"),
+            ("claim+complete cycles/s", f"{rate:.0f} (target >= {args.target_rate:.0f})"),
             ("HTTP requests/s", f"{report['requests_per_s']:.0f}"),
             ("claim latency p50/p95/p99/max", "{p50} / {p95} / {p99} / {max} ms".format(**report["claim_ms"])),
             ("complete latency p50/p95/p99/max", "{p50} / {p95} / {p99} / {max} ms".format(**report["complete_ms"])),

@@ -3,8 +3,8 @@
 Starts the dev server (temporary database, free loopback port) and `python -m supervisor run`,
 enqueues --jobs CPU-bound jobs (supervisor.demo_handlers:burn, --ms each), then, while the dev
 server answers a --fault-503 fraction of requests with 503 and delays a --delay-fraction of them
-by --delay-ms, SIGKILLs a random child (a busy one when there is one) every --kill-min..--kill-max seconds. When every job
-has ended (or --duration passes) the killing and the faults stop, the run settles, the daemon is
+by --delay-ms, SIGKILLs a random child (a busy one when there is one) every --kill-min..--kill-max seconds.
+When every job has ended (or --duration passes) the killing and the faults stop, the run settles, the daemon is
 stopped with SIGTERM, and the figures are read back from the server's own records:
 
     enqueued, completed, dead-lettered (with reasons), failed, still pending/processing (must be 0),
@@ -105,6 +105,115 @@ def all_jobs(server: DevServer) -> list[dict]:
         offset += 100
 
 
+def _ended(stats: dict) -> int:
+    return sum(stats.get(k, 0) for k in ("completed", "deadletter", "failed", "cancelled"))
+
+
+def _enqueue(server: DevServer, jobs: int, ms: float, max_retries: int) -> list[str]:
+    """Enqueue `jobs` burn jobs in bulk requests of 100; their ids, in order."""
+    ids: list[str] = []
+    for start in range(0, jobs, 100):
+        batch = [{"ms": ms, "echo": i} for i in range(start, min(jobs, start + 100))]
+        body = {"queue_name": QUEUE, "jobs": [{"payload": p} for p in batch], "max_retries": max_retries,
+                "timeout_seconds": 60}
+        r = _call(server, "POST", "/api/v1/jobs/bulk", body)
+        assert r.status_code in (200, 201), r.text
+        ids += [item["job_id"] for item in r.json()["succeeded"]]
+    assert len(ids) == jobs, f"enqueued {len(ids)} of {jobs}"
+    return ids
+
+
+def _stats(server: DevServer) -> dict | None:
+    """The queue stats, or None when the (faulty) server gives no good answer this time."""
+    try:
+        r = server.request("GET", "/api/v1/jobs/stats")
+        return r.json() if r.status_code == 200 else None
+    except requests.RequestException:
+        return None
+
+
+def _chaos_phase(server: DevServer, daemon: Daemon, killer: Killer, jobs: int, duration: float, started: float,
+                 say) -> None:
+    """Wait until every job has ended, the daemon exits, or `duration` passes; report progress every 5 s."""
+    last_report = 0.0
+    while time.monotonic() - started < duration:
+        stats = _stats(server)
+        if stats is not None:
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                say(f"  {time.monotonic() - started:5.1f} s: {_ended(stats)}/{jobs} ended, "
+                    f"{len(killer.killed)} children killed")
+            if _ended(stats) >= jobs:
+                break
+        if daemon.proc.poll() is not None:
+            break
+        time.sleep(0.25)
+
+
+def _settle(server: DevServer, jobs: int, settle: float) -> None:
+    """Without kills or faults, let whatever is still pending (e.g. in retry back-off) finish, for up to `settle` s."""
+    def settled():
+        stats = _call(server, "GET", "/api/v1/jobs/stats").json()
+        return stats if _ended(stats) >= jobs else None
+
+    try:
+        wait_until(settled, timeout=settle, interval=0.25, what="the queue to settle")
+    except AssertionError:
+        pass
+
+
+def _report(server: DevServer, daemon: Daemon, killer: Killer, ids: list[str], jobs: int, end: dict,
+            settings: dict) -> dict:
+    """The run's figures, read back from the server's job records and the daemon's log."""
+    records = {j["id"]: j for j in all_jobs(server)}
+    status = Counter(records[i]["status"] if i in records else "missing" for i in ids)
+    dead = [records[i] for i in ids if i in records and records[i]["status"] == "deadletter"]
+    reasons = Counter((j["last_error"] or "").split(" (pid")[0].split(":")[0] for j in dead)
+    completed = [records[i] for i in ids if i in records and records[i]["status"] == "completed"]
+    redelivered = [j for j in completed if j["retry_count"] > 0]
+    # The completed jobs' results carry the pid of the child that ran them.
+    pids: Counter = Counter()
+    for j in completed:
+        full = _call(server, "GET", f"/api/v1/jobs/{j['id']}").json()
+        if isinstance(full.get("result"), dict):
+            pids[full["result"].get("pid")] += 1
+    crashed_events = daemon.events("child died during a job")
+    replaced = daemon.events("child exited; starting a new one")
+    boot_killed = daemon.events("child failed while starting; backing off")
+    refused = daemon.events("complete refused: this worker no longer holds the job; outcome dropped")
+    stuck = status.get("pending", 0) + status.get("scheduled", 0) + status.get("processing", 0)
+    return {
+        "jobs_enqueued": jobs,
+        "completed": status.get("completed", 0),
+        "dead_lettered": len(dead),
+        "dead_letter_reasons": dict(reasons),
+        "failed": status.get("failed", 0),
+        "still_pending": status.get("pending", 0) + status.get("scheduled", 0),
+        "still_processing": status.get("processing", 0),
+        "lost": status.get("missing", 0) + stuck,
+        "delivered_more_than_once": len(redelivered),
+        "extra_deliveries": sum(j["retry_count"] for j in completed + dead),
+        "max_deliveries_of_one_job": 1 + max((j["retry_count"] for j in records.values()), default=0),
+        "duplicate_completions_refused": len(refused),
+        "children_killed": len(killer.killed),
+        "children_killed_mid_job": killer.killed_busy,
+        "children_died_during_a_job": len(crashed_events),
+        "children_replaced": len(replaced),
+        "children_killed_while_starting": len(boot_killed),
+        "children_at_end": end["children_at_end"],
+        "distinct_child_pids_with_results": len(pids),
+        "claim_failures_logged": len(daemon.events("claim failed")),
+        "reports_retried": len(daemon.events("complete not delivered yet; will retry"))
+        + len(daemon.events("fail not delivered yet; will retry")),
+        "daemon_alive_until_stopped": end["daemon_alive"],
+        "daemon_exit_code": end["exit_code"],
+        "chaos_seconds": round(end["chaos_secs"], 1),
+        "total_seconds": round(end["total_secs"], 1),
+        "jobs_per_second": round(status.get("completed", 0) / max(end["total_secs"], 1e-9), 1),
+        "settings": settings,
+    }
+
+
 def run_chaos(jobs: int = 500, ms: float = 5.0, procs: int = 2, duration: float = 60.0, kill_min: float = 0.2,
               kill_max: float = 0.5, fault_503: float = 0.1, delay_ms: int = 20, delay_fraction: float = 0.5,
               max_retries: int = 10, settle: float = 30.0, seed: int = 1, workdir: str | None = None,
@@ -113,17 +222,11 @@ def run_chaos(jobs: int = 500, ms: float = 5.0, procs: int = 2, duration: float 
     tmp = tempfile.TemporaryDirectory(prefix="chaos-") if workdir is None else None
     work = Path(workdir or tmp.name)
     server = DevServer(str(work / "chaos.db"), extra=[
-        "--lease-sweep-interval", "0.2", "--fault-seed", str(seed), "--fault-delay-fraction", str(delay_fraction)]).start()
+        "--lease-sweep-interval", "0.2", "--fault-seed", str(seed),
+        "--fault-delay-fraction", str(delay_fraction)]).start()
     daemon = None
     try:
-        ids: list[str] = []
-        for start in range(0, jobs, 100):
-            batch = [{"ms": ms, "echo": i} for i in range(start, min(jobs, start + 100))]
-            r = _call(server, "POST", "/api/v1/jobs/bulk", {"queue_name": QUEUE, "jobs": [{"payload": p} for p in batch],
-                                                           "max_retries": max_retries, "timeout_seconds": 60})
-            assert r.status_code in (200, 201), r.text
-            ids += [item["job_id"] for item in r.json()["succeeded"]]
-        assert len(ids) == jobs, f"enqueued {len(ids)} of {jobs}"
+        ids = _enqueue(server, jobs, ms, max_retries)
         say(f"enqueued {jobs} jobs of {ms} ms CPU; {procs} children; SIGKILL every {kill_min}-{kill_max} s; "
             f"{fault_503:.0%} 503s, +{delay_ms} ms on {delay_fraction:.0%} of requests")
 
@@ -135,97 +238,23 @@ def run_chaos(jobs: int = 500, ms: float = 5.0, procs: int = 2, duration: float 
         killer = Killer(daemon, kill_min, kill_max, seed)
         started = time.monotonic()
         killer.start()
-
-        def ended(stats) -> int:
-            return sum(stats.get(k, 0) for k in ("completed", "deadletter", "failed", "cancelled"))
-
-        last_report = 0.0
-        while time.monotonic() - started < duration:
-            try:
-                r = server.request("GET", "/api/v1/jobs/stats")
-                stats = r.json() if r.status_code == 200 else None
-            except requests.RequestException:
-                stats = None
-            if stats is not None:
-                if time.monotonic() - last_report > 5:
-                    last_report = time.monotonic()
-                    say(f"  {time.monotonic() - started:5.1f} s: {ended(stats)}/{jobs} ended, "
-                        f"{len(killer.killed)} children killed")
-                if ended(stats) >= jobs:
-                    break
-            if daemon.proc.poll() is not None:
-                break
-            time.sleep(0.25)
+        _chaos_phase(server, daemon, killer, jobs, duration, started, say)
         chaos_secs = time.monotonic() - started
         killer.stop.set()
         killer.join()
         assert _call(server, "POST", "/_dev/faults", NO_FAULTS).status_code == 200
 
-        # Settle: without kills or faults, whatever is still pending (e.g. in retry back-off) finishes.
-        def settled():
-            stats = _call(server, "GET", "/api/v1/jobs/stats").json()
-            return stats if ended(stats) >= jobs else None
-
-        try:
-            wait_until(settled, timeout=settle, interval=0.25, what="the queue to settle")
-        except AssertionError:
-            pass
+        _settle(server, jobs, settle)
         total_secs = time.monotonic() - started
         daemon_alive = daemon.proc.poll() is None
         children_at_end = len(daemon.child_pids()) if daemon_alive else 0
         daemon.stop()
-        exit_code = daemon.proc.returncode
-
-        records = {j["id"]: j for j in all_jobs(server)}
-        status = Counter(records[i]["status"] if i in records else "missing" for i in ids)
-        dead = [records[i] for i in ids if i in records and records[i]["status"] == "deadletter"]
-        reasons = Counter((j["last_error"] or "").split(" (pid")[0].split(":")[0] for j in dead)
-        completed = [records[i] for i in ids if i in records and records[i]["status"] == "completed"]
-        redelivered = [j for j in completed if j["retry_count"] > 0]
-        # The completed jobs' results carry the pid of the child that ran them.
-        pids = Counter()
-        for j in completed:
-            full = _call(server, "GET", f"/api/v1/jobs/{j['id']}").json()
-            if isinstance(full.get("result"), dict):
-                pids[full["result"].get("pid")] += 1
-        crashed_events = daemon.events("child died during a job")
-        replaced = daemon.events("child exited; starting a new one")
-        boot_killed = daemon.events("child failed while starting; backing off")
-        refused = daemon.events("complete refused: this worker no longer holds the job; outcome dropped")
-        stuck = status.get("pending", 0) + status.get("scheduled", 0) + status.get("processing", 0)
-        report = {
-            "jobs_enqueued": jobs,
-            "completed": status.get("completed", 0),
-            "dead_lettered": len(dead),
-            "dead_letter_reasons": dict(reasons),
-            "failed": status.get("failed", 0),
-            "still_pending": status.get("pending", 0) + status.get("scheduled", 0),
-            "still_processing": status.get("processing", 0),
-            "lost": status.get("missing", 0) + stuck,
-            "delivered_more_than_once": len(redelivered),
-            "extra_deliveries": sum(j["retry_count"] for j in completed + dead),
-            "max_deliveries_of_one_job": 1 + max((j["retry_count"] for j in records.values()), default=0),
-            "duplicate_completions_refused": len(refused),
-            "children_killed": len(killer.killed),
-            "children_killed_mid_job": killer.killed_busy,
-            "children_died_during_a_job": len(crashed_events),
-            "children_replaced": len(replaced),
-            "children_killed_while_starting": len(boot_killed),
-            "children_at_end": children_at_end,
-            "distinct_child_pids_with_results": len(pids),
-            "claim_failures_logged": len(daemon.events("claim failed")),
-            "reports_retried": len(daemon.events("complete not delivered yet; will retry"))
-            + len(daemon.events("fail not delivered yet; will retry")),
-            "daemon_alive_until_stopped": daemon_alive,
-            "daemon_exit_code": exit_code,
-            "chaos_seconds": round(chaos_secs, 1),
-            "total_seconds": round(total_secs, 1),
-            "jobs_per_second": round(status.get("completed", 0) / max(total_secs, 1e-9), 1),
-            "settings": {"ms_per_job": ms, "procs": procs, "kill_every_s": [kill_min, kill_max], "fault_503": fault_503,
-                         "delay_ms": delay_ms, "delay_fraction": delay_fraction, "max_retries": max_retries,
-                         "lease_s": 5, "seed": seed},
-        }
-        return report
+        end = {"children_at_end": children_at_end, "daemon_alive": daemon_alive, "exit_code": daemon.proc.returncode,
+               "chaos_secs": chaos_secs, "total_secs": total_secs}
+        settings = {"ms_per_job": ms, "procs": procs, "kill_every_s": [kill_min, kill_max], "fault_503": fault_503,
+                    "delay_ms": delay_ms, "delay_fraction": delay_fraction, "max_retries": max_retries,
+                    "lease_s": 5, "seed": seed}
+        return _report(server, daemon, killer, ids, jobs, end, settings)
     finally:
         if daemon is not None:
             daemon.stop()

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
+from benchmarks import bench_api  # noqa: E402
 from benchmarks._common import (  # noqa: E402
     ROOT,
     Daemon,
@@ -50,7 +51,6 @@ from benchmarks._common import (  # noqa: E402
     span_of,
     tree_cpu,
 )
-from benchmarks import bench_api  # noqa: E402
 from benchmarks.handlers import burn_ms  # noqa: E402
 
 MIB = 2**20
@@ -169,7 +169,8 @@ def latency(server: DevServer, queue: str, samples: int, gap: tuple[float, float
     def summary(v):
         return {"p50": round(pct(v, 50), 2), "p99": round(pct(v, 99), 2), "max": round(max(v), 2) if v else 0.0}
 
-    return {"samples": len(to_start), "enqueue_to_start_ms": summary(to_start), "claim_to_start_ms": summary(claim_to_start)}
+    return {"samples": len(to_start), "enqueue_to_start_ms": summary(to_start),
+            "claim_to_start_ms": summary(claim_to_start)}
 
 
 def memory(daemon: Daemon) -> dict:
@@ -223,6 +224,7 @@ def run(args) -> dict:
                 log(f"daemon: {counts[ms]} jobs of {ms:g} ms")
                 r = run_batch(server, daemon, queue, {"ms": ms}, counts[ms], counts[ms] * ms / 1000 / procs, idle)
                 ideal = min(procs, cores) * 1000.0 / ms
+                usable = min(procs, cores)
                 efficiency.append({"ms": ms, "jobs": r["jobs"], "completed": r["completed"], "span_s": r["span_s"],
                                    "ideal_jobs_per_s": round(ideal, 2),
                                    "daemon_jobs_per_s": round(r["jobs_per_s"], 2),
@@ -232,8 +234,9 @@ def run(args) -> dict:
                                    "daemon_over_pool": round(r["jobs_per_s"] / pool[ms], 4),
                                    "other_load_cores_daemon": r["other_load_cores"],
                                    "other_load_cores_pool": pool_other[ms],
-                                   "daemon_efficiency_load_adjusted": adjusted(r["jobs_per_s"], ms, min(procs, cores), r["other_load_cores"]),
-                                   "pool_efficiency_load_adjusted": adjusted(pool[ms], ms, min(procs, cores), pool_other[ms]),
+                                   "daemon_efficiency_load_adjusted": adjusted(r["jobs_per_s"], ms, usable,
+                                                                               r["other_load_cores"]),
+                                   "pool_efficiency_load_adjusted": adjusted(pool[ms], ms, usable, pool_other[ms]),
                                    "parent_cpu_us_per_job": round(r["worker_cpu_us_per_job"], 1)})
             log(f"daemon: {args.noop_jobs} no-op jobs")
             time.sleep(0.3)
@@ -259,7 +262,7 @@ def run(args) -> dict:
             queue = "bench-sdk"
             sdk = SdkWorker(server, queue, procs, args.sdk_poll_interval).start()
             sdk_rows = []
-            for ms, row in zip(durations, efficiency):
+            for ms, row in zip(durations, efficiency, strict=True):  # one efficiency row per duration, just above
                 log(f"sdk: {counts[ms]} jobs of {ms:g} ms")
                 r = run_batch(server, sdk, queue, {"ms": ms}, counts[ms], 2 * counts[ms] * ms / 1000 / procs)
                 sdk_rows.append({"ms": ms, "jobs": r["jobs"], "completed": r["completed"],
@@ -267,7 +270,8 @@ def run(args) -> dict:
                                  "sdk_efficiency": round(r["jobs_per_s"] / row["ideal_jobs_per_s"], 4),
                                  "daemon_jobs_per_s": row["daemon_jobs_per_s"],
                                  "other_load_cores": r["other_load_cores"],
-                                 "ratio": round(row["daemon_jobs_per_s"] / r["jobs_per_s"], 3) if r["jobs_per_s"] else 0.0})
+                                 "ratio": (round(row["daemon_jobs_per_s"] / r["jobs_per_s"], 3)
+                                           if r["jobs_per_s"] else 0.0)})
             sdk.stop()
             sdk = None
 
@@ -288,7 +292,8 @@ def run(args) -> dict:
                                 "jobs_per_s": round(r["jobs_per_s"], 2),
                                 "efficiency": round(r["jobs_per_s"] / ideal, 4),
                                 "other_load_cores": r["other_load_cores"],
-                                "efficiency_load_adjusted": adjusted(r["jobs_per_s"], sms, min(n, cores), r["other_load_cores"])})
+                                "efficiency_load_adjusted": adjusted(r["jobs_per_s"], sms, min(n, cores),
+                                                                     r["other_load_cores"])})
             one = next((s["jobs_per_s"] for s in scaling if s["procs"] == 1), None)
             for s in scaling:
                 s["speedup_over_1"] = round(s["jobs_per_s"] / one, 3) if one else None
@@ -333,9 +338,10 @@ def targets(r: dict) -> list[dict]:
             out.append((f"efficiency, {ms:g} ms jobs", eff[ms]["daemon_efficiency"], ">=", TARGETS[key],
                         eff[ms]["daemon_efficiency_load_adjusted"]))
     if cpu_rows:
-        out.append(("throughput / SDK worker (lowest over d)", min(x["ratio"] for x in cpu_rows), ">=", TARGETS["sdk_ratio"],
-                    None))
-    out.append(("parent CPU per no-op job (us)", r["overhead"]["parent_cpu_us_per_job"], "<=", TARGETS["parent_cpu_us"], None))
+        out.append(("throughput / SDK worker (lowest over d)", min(x["ratio"] for x in cpu_rows), ">=",
+                    TARGETS["sdk_ratio"], None))
+    out.append(("parent CPU per no-op job (us)", r["overhead"]["parent_cpu_us_per_job"], "<=", TARGETS["parent_cpu_us"],
+                None))
     out.append(("parent RSS (MiB)", r["memory"]["parent_rss_mib"], "<=", TARGETS["parent_rss_mib"], None))
     for row in (r.get("api") or {}).get("latency", []):
         key = (row["api_delay_ms"], row["job_ms"])
@@ -358,36 +364,50 @@ def table(r: dict) -> str:
              f"daemon --procs {c['procs']}, --poll-interval {c['daemon_poll_interval_s']} s, log level INFO; "
              f"SDK SpooledWorker concurrency {c['sdk_concurrency']}, poll_interval {c['sdk_poll_interval_s']} s", ""]
     lines += ["1. efficiency (throughput / ideal cores/d) and 2. against the official SDK worker",
-              "| d (ms) | jobs | ideal jobs/s | daemon jobs/s | daemon eff. | Pool eff. | daemon/Pool | SDK jobs/s | SDK eff. | daemon/SDK | parent CPU us/job | other load, cores (daemon/Pool/SDK) | load-adj. eff. daemon/Pool |",
+              "| d (ms) | jobs | ideal jobs/s | daemon jobs/s | daemon eff. | Pool eff. | daemon/Pool | SDK jobs/s "
+              "| SDK eff. | daemon/SDK | parent CPU us/job | other load, cores (daemon/Pool/SDK) "
+              "| load-adj. eff. daemon/Pool |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for e, s in zip(r["efficiency"], r["sdk"]["rows"]):
+    for e, s in zip(r["efficiency"], r["sdk"]["rows"], strict=False):
         lines.append(f"| {e['ms']:g} | {e['jobs']} | {e['ideal_jobs_per_s']:.1f} | {e['daemon_jobs_per_s']:.1f} | "
                      f"{e['daemon_efficiency']:.3f} | {e['pool_efficiency']:.3f} | {e['daemon_over_pool']:.3f} | "
-                     f"{s['sdk_jobs_per_s']:.1f} | {s['sdk_efficiency']:.3f} | {s['ratio']:.2f} | {e['parent_cpu_us_per_job']:.0f} | "
-                     f"{e['other_load_cores_daemon']:.2f} / {e['other_load_cores_pool']:.2f} / {s['other_load_cores']:.2f} | "
+                     f"{s['sdk_jobs_per_s']:.1f} | {s['sdk_efficiency']:.3f} | {s['ratio']:.2f} | "
+                     f"{e['parent_cpu_us_per_job']:.0f} | "
+                     f"{e['other_load_cores_daemon']:.2f} / {e['other_load_cores_pool']:.2f} / "
+                     f"{s['other_load_cores']:.2f} | "
                      f"{e['daemon_efficiency_load_adjusted']:.3f} / {e['pool_efficiency_load_adjusted']:.3f} |")
     o = r["overhead"]
     lines += ["", f"3. overhead ({o['noop_jobs']} no-op jobs, idle CPU subtracted)",
-              "| parent CPU us/job | dev server CPU us/job (claim+complete) | no-op jobs/s end to end | parent idle CPU | server idle CPU | other load, cores |",
+              "| parent CPU us/job | dev server CPU us/job (claim+complete) | no-op jobs/s end to end "
+              "| parent idle CPU | server idle CPU | other load, cores |",
               "|---:|---:|---:|---:|---:|---:|",
-              f"| {o['parent_cpu_us_per_job']:.0f} | {o['server_cpu_us_per_job']:.0f} (+{o['server_enqueue_cpu_us_per_job']:.0f} to enqueue) | "
-              f"{o['noop_jobs_per_s']:.0f} | {o['parent_idle_cpu_percent']:.2f}% | {o['server_idle_cpu_percent']:.2f}% | {o['other_load_cores']:.2f} |"]
+              f"| {o['parent_cpu_us_per_job']:.0f} | {o['server_cpu_us_per_job']:.0f} "
+              f"(+{o['server_enqueue_cpu_us_per_job']:.0f} to enqueue) | "
+              f"{o['noop_jobs_per_s']:.0f} | {o['parent_idle_cpu_percent']:.2f}% | "
+              f"{o['server_idle_cpu_percent']:.2f}% | {o['other_load_cores']:.2f} |"]
     la = r["latency"]
-    lines += ["", f"4. latency on an idle daemon ({la['samples']} jobs, one at a time; --poll-interval {la['daemon_poll_interval_s']} s)",
+    lines += ["", f"4. latency on an idle daemon ({la['samples']} jobs, one at a time; "
+                  f"--poll-interval {la['daemon_poll_interval_s']} s)",
               "| | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|",
               "| enqueue -> handler start | {p50} | {p99} | {max} |".format(**la["enqueue_to_start_ms"]),
-              "| claim (server started_at) -> handler start | {p50} | {p99} | {max} |".format(**la["claim_to_start_ms"])]
+              "| claim (server started_at) -> handler start | {p50} | {p99} | {max} |".format(
+                  **la["claim_to_start_ms"])]
     me = r["memory"]
     lines += ["", "5. memory (MiB)",
-              "| parent RSS | child RSS | child USS | bare python RSS / USS | child RSS above bare | child USS above bare |",
+              "| parent RSS | child RSS | child USS | bare python RSS / USS | child RSS above bare "
+              "| child USS above bare |",
               "|---:|---:|---:|---:|---:|---:|",
               f"| {me['parent_rss_mib']:.1f} | {me['child_rss_mib']:.1f} | {me['child_uss_mib']:.1f} | "
-              f"{me['bare_rss_mib']:.1f} / {me['bare_uss_mib']:.1f} | {me['child_rss_above_bare_mib']:.1f} | {me['child_uss_above_bare_mib']:.1f} |"]
+              f"{me['bare_rss_mib']:.1f} / {me['bare_uss_mib']:.1f} | {me['child_rss_above_bare_mib']:.1f} | "
+              f"{me['child_uss_above_bare_mib']:.1f} |"]
     sc = r["scaling"]
-    lines += ["", f"6. scaling ({sc['ms']:g} ms jobs)", "| --procs | jobs | jobs/s | efficiency (vs min(procs, cores)/d) | speed-up over 1 | other load, cores | load-adj. eff. |",
+    lines += ["", f"6. scaling ({sc['ms']:g} ms jobs)",
+              "| --procs | jobs | jobs/s | efficiency (vs min(procs, cores)/d) | speed-up over 1 | other load, cores "
+              "| load-adj. eff. |",
               "|---:|---:|---:|---:|---:|---:|---:|"]
     for s in sc["rows"]:
-        lines.append(f"| {s['procs']} | {s['jobs']} | {s['jobs_per_s']:.1f} | {s['efficiency']:.3f} | {s['speedup_over_1']} | {s['other_load_cores']:.2f} | {s['efficiency_load_adjusted']:.3f} |")
+        lines.append(f"| {s['procs']} | {s['jobs']} | {s['jobs_per_s']:.1f} | {s['efficiency']:.3f} | "
+                     f"{s['speedup_over_1']} | {s['other_load_cores']:.2f} | {s['efficiency_load_adjusted']:.3f} |")
     if r.get("api"):
         lines += ["", "7. the job path with API latency, a fleet, and a request budget (benchmarks/bench_api.py)",
                   bench_api.table(r["api"])]
@@ -396,7 +416,8 @@ def table(r: dict) -> str:
     yn = lambda b: "-" if b is None else ("yes" if b else "NO")  # noqa: E731
     for t in r["targets"]:
         adj = "-" if t["load_adjusted"] is None else f"{t['load_adjusted']:g}"
-        lines.append(f"| {t['name']} {t['op']} {t['target']:g} | {t['value']:g} | {yn(t['met'])} | {adj} | {yn(t['met_load_adjusted'])} |")
+        lines.append(f"| {t['name']} {t['op']} {t['target']:g} | {t['value']:g} | {yn(t['met'])} | {adj} | "
+                     f"{yn(t['met_load_adjusted'])} |")
     return "\n".join(lines)
 
 

@@ -80,7 +80,8 @@ class _Handler(BaseHTTPRequestHandler):
                 body = health.metrics.render().encode()
                 return self._send(200, body, CONTENT_TYPE, head)
             if path not in ("/healthz", "/readyz", "/status"):
-                return self._json(404, {"status": "not found", "routes": ["/healthz", "/readyz", "/metrics", "/status"]}, head)
+                routes = ["/healthz", "/readyz", "/metrics", "/status"]
+                return self._json(404, {"status": "not found", "routes": routes}, head)
             snap = health.snapshot()
             if path == "/status":
                 return self._json(200, snap, head)

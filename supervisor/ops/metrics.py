@@ -44,7 +44,7 @@ def escape_help(text: str) -> str:
 
 
 def _label_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values)]
+    parts = [f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=False)]
     if extra:
         parts.append(extra)
     return "{" + ",".join(parts) + "}" if parts else ""
@@ -71,7 +71,7 @@ class Metric:
         except KeyError:
             raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {tuple(labels)}") from None
 
-    def _snapshot(self) -> list[tuple[tuple, object]]:
+    def _snapshot(self) -> list[tuple[tuple, Any]]:
         with self._lock:
             return [(k, self._copy(v)) for k, v in self._values.items()]
 
@@ -174,7 +174,7 @@ class Histogram(Metric):
     def _sample_lines(self, key: tuple, state) -> Iterable[str]:
         counts, total, count = state
         lines, cumulative = [], 0
-        for bound, n in zip((*self.buckets, math.inf), counts):
+        for bound, n in zip((*self.buckets, math.inf), counts, strict=True):  # counts has one slot per bucket + Inf
             cumulative += n
             le = 'le="' + format_value(bound) + '"'
             lines.append(f"{self.name}_bucket{_label_text(self.labelnames, key, le)} {cumulative}")
@@ -229,14 +229,18 @@ class DaemonMetrics:
         p = self.PREFIX
         r = self.registry = Registry()
         self.jobs = r.counter(p + "jobs_total", "Jobs finished, by queue and outcome.", ("queue", "outcome"))
-        self.job_duration = r.histogram(p + "job_duration_seconds", "Time a child spent running a job.", ("queue",), JOB_DURATION_BUCKETS)
+        self.job_duration = r.histogram(p + "job_duration_seconds", "Time a child spent running a job.", ("queue",),
+                                        JOB_DURATION_BUCKETS)
         self.inflight = r.gauge(p + "inflight_jobs", "Jobs currently running in children.")
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
-        self.reserved = r.gauge(p + "reserved_jobs", "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
+        self.reserved = r.gauge(p + "reserved_jobs",
+                                "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
         self.child_restarts = r.counter(p + "child_restarts_total", "Children replaced, by reason.", ("reason",))
         self.lease_renewals = r.counter(p + "lease_renewals_total", "Lease renewals, by outcome.", ("outcome",))
-        self.api_requests = r.counter(p + "api_requests_total", "Spooled API requests, by route and HTTP status.", ("route", "status"))
-        self.api_duration = r.histogram(p + "api_request_duration_seconds", "Spooled API request latency.", ("route",), API_DURATION_BUCKETS)
+        self.api_requests = r.counter(p + "api_requests_total", "Spooled API requests, by route and HTTP status.",
+                                      ("route", "status"))
+        self.api_duration = r.histogram(p + "api_request_duration_seconds", "Spooled API request latency.", ("route",),
+                                        API_DURATION_BUCKETS)
         self.claims = r.counter(p + "claims_total", "Claim requests sent.")
         self.jobs_claimed = r.counter(p + "jobs_claimed_total", "Jobs received from claim requests.")
         for reason in RESTART_REASONS:
