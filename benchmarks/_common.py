@@ -107,6 +107,7 @@ class DevServer:
         self.proc: subprocess.Popen | None = None
         self.url = ""
         self.key = ""
+        self.grpc = ""  # HOST:PORT when started with --grpc-port
 
     def start(self) -> DevServer:
         env = child_env()
@@ -117,14 +118,16 @@ class DevServer:
                                      text=True)
         self.out = LinePump(self.proc.stdout)
         deadline = time.monotonic() + 20
-        while not self.url:
+        while not self.url or ("--grpc-port" in self.extra and not self.grpc):
             line = self.out.line(deadline)
             if line is None:
                 self.stop()
                 raise RuntimeError("the dev server did not start")
             if m := re.search(r"API key: (\S+)", line):
                 self.key = m.group(1)
-            if m := re.search(r"listening on (http://\S+)", line):
+            if m := re.search(r"gRPC listening on (\S+)", line):
+                self.grpc = m.group(1)
+            elif m := re.search(r"listening on (http://\S+)", line):
                 self.url = m.group(1)
         self.ps = psutil.Process(self.proc.pid)
         self.api = SpooledAPI(self.url, Secret(self.key), timeout=30)

@@ -10,6 +10,8 @@ Sections, each run side by side in one go against dev servers on loopback:
            `--prefetch 0` (claim only for idle children: the behaviour before claim-ahead), and the
            official SDK's SpooledWorker (concurrency = cores). Efficiency = jobs/s / (cores / d); p50/p99
            of the time a job waits claimed-but-not-started (from the daemon's /status).
+           With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too.
+  noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead, REST --prefetch 0, gRPC).
   fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
            makespan / ideal makespan, and how evenly the jobs split.
   budget   the dev server limits the organization to R requests/s (burst 2R: Spooled's plans, CONTRACT
@@ -132,17 +134,37 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
             "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1)}
 
 
+def grpc_available() -> bool:
+    try:
+        import grpc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
+    """The runners of a latency row: ours, ours with --prefetch 0, ours over gRPC, the SDK worker."""
+    rows = [("ours", ()), ("prefetch0", ("--prefetch", "0"))]
+    if server.grpc:
+        rows.append(("grpc", ("--transport", "grpc", "--grpc-url", server.grpc)))
+    if not args.no_sdk:
+        rows.append(("sdk", ()))
+    return rows
+
+
+def server_flags(*flags: str) -> tuple[str, ...]:
+    return (*flags, "--grpc-port", "0") if grpc_available() else flags
+
+
 def latency_section(args, tmp: str) -> list[dict]:
     rows = []
     for delay in args.delays:
-        server = DevServer(tmp, ("--fault-delay-ms", str(delay)), name=f"lat{delay}").start()
+        server = DevServer(tmp, server_flags("--fault-delay-ms", str(delay)), name=f"lat{delay}").start()
         try:
             for ms in args.ms:
                 count = max(4 * CORES, int(args.seconds * CORES * 1000 / ms))
                 ideal = CORES * 1000.0 / ms
-                for kind, extra in (("ours", ()), ("prefetch0", ("--prefetch", "0")), ("sdk", ())):
-                    if kind == "sdk" and args.no_sdk:
-                        continue
+                for kind, extra in workers(server, args):
                     queue = f"lat-{delay}-{int(ms)}-{kind}"
                     log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}")
                     payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
@@ -151,6 +173,22 @@ def latency_section(args, tmp: str) -> list[dict]:
                     rows.append(r)
         finally:
             server.stop()
+    return rows
+
+
+def noop_section(args, tmp: str) -> list[dict]:
+    """No-op jobs on loopback: the parent's CPU per job is the figure (issue 10 target: <= 200 us)."""
+    server = DevServer(tmp, server_flags(), name="noop").start()
+    rows = []
+    try:
+        for kind, extra in workers(server, args):
+            if kind == "sdk":
+                continue
+            log(f"no-op jobs x {args.noop_jobs}: {kind}")
+            r = run_worker(kind, server, tmp, f"noop-{kind}", {}, args.noop_jobs, CORES, extra)
+            rows.append(r)
+    finally:
+        server.stop()
     return rows
 
 
@@ -210,6 +248,11 @@ def table(result: dict) -> str:
             rw = f"{w.get('p50', '-')}/{w.get('p99', '-')}" if w else "-"
             out.append(f"{r['api_delay_ms']:>6} {r['job_ms']:>5g} {r['worker']:>10} {r['jobs_per_s']:>8} "
                        f"{r['efficiency']:>6} {rw:>20}")
+    if result.get("noop"):
+        out.append("No-op jobs (parent CPU per job, idle included):")
+        for r in result["noop"]:
+            out.append(f"  {r['worker']:>10}: {r['parent_cpu_us_per_job']} us/job, "
+                       f"{r['requests_per_job']} REST requests/job")
     if result.get("fleet"):
         f = result["fleet"]
         out.append(f"fleet: 2 daemons x {f['procs_each']}, {f['jobs']} jobs of {f['job_s']} s at "
@@ -228,13 +271,14 @@ def table(result: dict) -> str:
 def main_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sections", default="latency,fleet,budget")
+    ap.add_argument("--sections", default="latency,noop,fleet,budget")
     ap.add_argument("--delays", default="0,20,50")
     ap.add_argument("--ms", default="5,20,100")
     ap.add_argument("--rates", default="5,25,100")
     ap.add_argument("--seconds", type=float, help="ideal seconds of work per latency row (default 4, quick 1.5)")
     ap.add_argument("--budget-seconds", type=float, help="seconds of plan budget per budget row (default 20, quick 8)")
     ap.add_argument("--fleet-jobs", type=int, help="jobs in the fleet run (default 24, quick 12)")
+    ap.add_argument("--noop-jobs", type=int, help="jobs per no-op row (default 3000, quick 600)")
     ap.add_argument("--no-sdk", action="store_true", help="skip the SDK worker rows")
     ap.add_argument("--sleep", action="store_true", help="latency rows sleep d ms instead of burning CPU (a loaded "
                     "machine then measures the pipeline, not the cores)")
@@ -246,6 +290,7 @@ def main_args(argv=None) -> argparse.Namespace:
     args.seconds = args.seconds or (1.5 if args.quick else 4.0)
     args.budget_seconds = args.budget_seconds or (8.0 if args.quick else 20.0)
     args.fleet_jobs = args.fleet_jobs or (12 if args.quick else 24)
+    args.noop_jobs = args.noop_jobs or (600 if args.quick else 3000)
     return args
 
 
@@ -257,6 +302,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
         if "latency" in sections:
             result["latency"] = latency_section(args, tmp)
+        if "noop" in sections:
+            result["noop"] = noop_section(args, tmp)
         if "fleet" in sections:
             result["fleet"] = fleet_section(args, tmp)
         if "budget" in sections:

@@ -322,6 +322,8 @@ def api_sections(args) -> dict:
     with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
         log("api: latency 0 / 20 / 50 ms")
         out["latency"] = bench_api.latency_section(api_args, tmp)
+        log("api: no-op jobs over REST and gRPC")
+        out["noop"] = bench_api.noop_section(api_args, tmp)
         log("api: fleet")
         out["fleet"] = bench_api.fleet_section(api_args, tmp)
         log("api: request budget 5 / 25 / 100 req/s")
