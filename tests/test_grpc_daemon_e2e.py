@@ -3,7 +3,6 @@ the REST daemon scenarios that matter, read back over REST."""
 
 from __future__ import annotations
 
-import inspect
 import signal
 import time
 
@@ -11,11 +10,6 @@ import psutil
 import pytest
 from conftest import Daemon, wait_for_status, wait_until
 from grpc_support import start_server
-
-import supervisor.commands.run
-
-pytestmark = pytest.mark.skipif("grpc" not in inspect.getsource(supervisor.commands.run),
-                                reason="--transport grpc is not wired into the daemon yet")
 
 
 @pytest.fixture
