@@ -188,8 +188,9 @@ class Daemon:
     """`python -m supervisor run` as a subprocess, log to a file; the key only in its environment."""
 
     def __init__(self, server: DevServer, tmp: str, queue: str, procs: int, poll_interval: float,
-                 log_level: str = "INFO", extra: tuple[str, ...] = (), worker_id: str = ""):
+                 log_level: str = "INFO", extra: tuple[str, ...] = (), worker_id: str = "", root: Path | None = None):
         self.server, self.queue, self.procs = server, queue, procs
+        self.root = root or ROOT  # the checkout whose daemon runs (another one for a before/after in one run)
         worker_id = worker_id or f"bench-{queue}"
         self.log_path = os.path.join(tmp, f"daemon-{worker_id}.log")
         self.cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", HANDLER, "--procs", str(procs),
@@ -199,7 +200,7 @@ class Daemon:
 
     def start(self, timeout: float = 60.0) -> Daemon:
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=self.server.key),
+            self.proc = subprocess.Popen(self.cmd, cwd=self.root, env=child_env(SPOOLED_API_KEY=self.server.key),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while '"msg":"ready"' not in self.log():

@@ -10,7 +10,9 @@ Sections, each run side by side in one go against dev servers on loopback:
            `--prefetch 0` (claim only for idle children: the behaviour before claim-ahead), and the
            official SDK's SpooledWorker (concurrency = cores). Efficiency = jobs/s / (cores / d); p50/p99
            of the time a job waits claimed-but-not-started (from the daemon's /status).
-           With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too.
+           With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too;
+           `--baseline PATH` adds a `baseline` row: the daemon of another checkout (e.g. a
+           `git worktree` of the commit before claim-ahead), on the same dev server, in the same run.
   noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead, REST --prefetch 0, gRPC).
   fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
            makespan / ideal makespan, and how evenly the jobs split.
@@ -41,6 +43,7 @@ import requests  # noqa: E402
 from benchmarks._common import Daemon, DevServer, SdkWorker, free_port, machine  # noqa: E402
 
 CORES = os.cpu_count() or 1
+BASELINE = ""  # --baseline: another checkout whose daemon runs beside this one
 
 
 def pct(values: list[float], p: float) -> float | None:
@@ -111,8 +114,9 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
     if kind == "sdk":
         worker = SdkWorker(server, queue, procs, 0.005).start()
     else:
+        root = Path(BASELINE) if kind == "baseline" else None
         worker = Daemon(server, tmp, queue, procs, 0.1, extra=("--health-port", str(port), *extra),
-                        worker_id=f"{kind}-{queue}").start()
+                        worker_id=f"{kind}-{queue}", root=root).start()
     try:
         cpu0 = worker.cpu()
         wait_done(db, queue, count, 60 + count * 0.5, worker.alive)
@@ -145,6 +149,8 @@ def grpc_available() -> bool:
 def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
     """The runners of a latency row: ours, ours with --prefetch 0, ours over gRPC, the SDK worker."""
     rows = [("ours", ()), ("prefetch0", ("--prefetch", "0"))]
+    if BASELINE:
+        rows.append(("baseline", ()))
     if server.grpc:
         rows.append(("grpc", ("--transport", "grpc", "--grpc-url", server.grpc)))
     if not args.no_sdk:
@@ -283,6 +289,8 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--sleep", action="store_true", help="latency rows sleep d ms instead of burning CPU (a loaded "
                     "machine then measures the pipeline, not the cores)")
     ap.add_argument("--json", help="also write the JSON here")
+    ap.add_argument("--baseline", help="a checkout (e.g. a git worktree of an older commit) whose daemon runs as a "
+                    "`baseline` row beside this one")
     args = ap.parse_args(argv)
     args.delays = [int(x) for x in args.delays.split(",")]
     args.ms = [float(x) for x in args.ms.split(",")]
@@ -291,6 +299,8 @@ def main_args(argv=None) -> argparse.Namespace:
     args.budget_seconds = args.budget_seconds or (8.0 if args.quick else 20.0)
     args.fleet_jobs = args.fleet_jobs or (12 if args.quick else 24)
     args.noop_jobs = args.noop_jobs or (600 if args.quick else 3000)
+    global BASELINE
+    BASELINE = args.baseline or ""
     return args
 
 
