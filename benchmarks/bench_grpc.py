@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import selectors
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 
 import psutil
-from _common import PY, ROOT, LinePump, child_env, cpu_seconds, machine_busy, stop_popen
+from _common import PY, ROOT, DevServer, child_env, cpu_seconds, machine_busy, stop_popen
 
 from supervisor.client.grpc_transport import make_transport  # noqa: E402
 from supervisor.client.loophttp import LoopHTTP  # noqa: E402
@@ -33,40 +32,22 @@ from supervisor.client.rest import Secret, SpooledAPI  # noqa: E402
 QUEUE = "bench-grpc"
 
 
-class Server:
+class Server(DevServer):
+    """The dev server with its gRPC port, `delay_ms` of API latency on every call (REST and gRPC)."""
+
     def __init__(self, tmp: str, delay_ms: int):
-        self.db, self.delay_ms = os.path.join(tmp, f"grpc-{delay_ms}.db"), max(0, delay_ms)
+        delay = max(0, delay_ms)
+        super().__init__(tmp, ("--grpc-port", "0", "--fault-delay-ms", str(delay)), name=f"grpc-{delay_ms}")
+        self.delay_ms = delay
 
     def start(self) -> Server:
-        env = child_env()
-        env.pop("SPOOLED_API_KEY", None)
-        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", "0", "--grpc-port", "0",
-               "--db", self.db, "--fault-delay-ms", str(self.delay_ms)]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        out, deadline = LinePump(self.proc.stdout), time.monotonic() + 30
-        self.key = self.url = self.grpc = ""
-        while not self.grpc:
-            line = out.line(deadline)
-            if line is None:
-                stop_popen(self.proc)
-                raise RuntimeError("the dev server did not start")
-            if m := re.search(r"API key: (\S+)", line):
-                self.key = m.group(1)
-            if m := re.search(r"listening on (http://\S+)", line):
-                self.url = m.group(1)
-            if m := re.search(r"gRPC listening on (\S+)", line):
-                self.grpc = m.group(1)
-        self.ps = psutil.Process(self.proc.pid)
-        self.rest = SpooledAPI(self.url, Secret(self.key), timeout=30)
+        super().start()
+        self.rest = self.api
         return self
 
-    def enqueue(self, count: int) -> None:
+    def enqueue(self, count: int) -> None:  # type: ignore[override]
         for start in range(0, count, 100):
             self.rest.bulk_create(QUEUE, [{"i": i} for i in range(start, min(count, start + 100))])
-
-    def stop(self) -> None:
-        stop_popen(self.proc)
 
 
 def make_client(kind: str, server: Server, sel, wake_w: int):

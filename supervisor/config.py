@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import ipaddress
 import math
 import os
 import re
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
 
@@ -324,15 +324,6 @@ def _shown(raw: str) -> str:
     return shlex.quote(raw if len(raw) <= 80 else raw[:77] + "...")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:
     """The key from --api-key-file / SPOOLED_API_KEY_FILE, else SPOOLED_API_KEY, else the systemd credential."""
     if args.api_key is not None:
@@ -378,7 +369,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     if values["handler"] is None:
         raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
     url = urlsplit(values["api_url"])
-    if url.scheme == "http" and not _is_loopback(url.hostname or "") and not values["allow_insecure_http"]:
+    if url.scheme == "http" and not is_loopback(url.hostname or "") and not values["allow_insecure_http"]:
         raise ConfigError(f"refusing plain http:// to {url.hostname}: the API key would cross the network "
                           "unencrypted; use https:// or pass --allow-insecure-http (SPOOLED_ALLOW_INSECURE_HTTP=1)")
     if values["ca_bundle"] and not Path(values["ca_bundle"]).is_file():

@@ -40,7 +40,6 @@ Design, for the parent's single select() loop:
 from __future__ import annotations
 
 import collections
-import ipaddress
 import os
 import queue
 import threading
@@ -51,6 +50,7 @@ from typing import Any
 
 from supervisor import __version__
 from supervisor.backoff import backoff
+from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import (
     AlreadyFinished,
     ApiError,
@@ -107,19 +107,10 @@ def parse_grpc_url(url: str) -> tuple[str, str, bool]:
         host, port = text, ""
     if not host or (port and not port.isdigit()):
         raise ValueError(f"gRPC URL must be host:port, got {url!r}")
-    local = _is_loopback(host)
+    local = is_loopback(host)
     port = port or ("50051" if local else "443")
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return target, host, not local
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # ------------------------------------------------------------------ conversions
