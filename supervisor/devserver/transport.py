@@ -18,7 +18,9 @@ Contract:
   `Retry-After: 1` and closed (not held in the accept queue, so a client learns at once).
 - A keep-alive connection idle for `idle_timeout` s is closed without an answer.
 - Complete requests run on a pool of threads, grown on demand up to `max_connections` and retired
-  when idle; one connection's requests run one at a time and are answered in order.
+  when idle; one connection's requests run one at a time and are answered in order. The thread
+  that answered keeps the socket for KEEP_SOCKET s and reads the next request itself, so a busy
+  keep-alive client costs no hand-off per request; then the socket goes back to the selector.
 - Closing after an answer: shut the write side, then drain and discard what the client still sends
   for up to LINGER s, so it reads the answer rather than a reset.
 """
@@ -48,7 +50,7 @@ RECV_SIZE = 65536
 SWEEP_EVERY = 0.25  # seconds between timeout sweeps: the precision of every timeout
 LINGER = 2.0  # seconds a closing connection is drained before it is closed
 WRITE_TIMEOUT = 30.0  # seconds an answer may take to leave (a client that does not read)
-MAX_PIPELINE = 16  # queued requests of one connection before the loop stops reading it
+KEEP_SOCKET = 0.005  # seconds a pool thread that has answered waits on the socket for the next request
 REFUSED_MAX = 64  # refused (503) connections lingering at once; beyond, they are closed at once
 FD_RESERVE = 64  # file descriptors kept for the database, logs and the listener
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -200,9 +202,11 @@ class _Conn:
 
     `busy` (under `lock`) is set only by the loop thread when it hands the connection to the pool and
     cleared by the pool thread when its queue is empty, so the loop never closes a socket being written.
+    `owned` (under `lock`, only while busy): the pool thread reads and parses the socket, and the loop
+    has taken it out of the selector; exactly one thread uses the parser at any time.
     """
 
-    __slots__ = ("server", "sock", "fd", "framer", "lock", "pending", "busy", "closing", "discarding", "paused",
+    __slots__ = ("server", "sock", "fd", "framer", "lock", "pending", "busy", "owned", "closing", "discarding",
                  "peer_closed", "registered", "counted", "msg_started", "last_done", "close_at")
 
     def __init__(self, server: Server, sock: socket.socket, now: float, counted: bool = True):
@@ -210,33 +214,29 @@ class _Conn:
         self.framer = _Framer(self, server.limits)
         self.lock = threading.Lock()
         self.pending: deque = deque()
-        self.busy = self.closing = self.discarding = self.paused = self.peer_closed = self.registered = False
+        self.busy = self.owned = self.closing = self.discarding = self.peer_closed = self.registered = False
         self.msg_started: float | None = None
         self.last_done = now
         self.close_at: float | None = None
 
     def queue(self, req: Request | None, data: bytes | None, close: bool) -> None:
-        """Loop thread: queue a request (or raw bytes) to answer; hand the connection to the pool if idle."""
+        """Queue a request (or raw bytes) to answer; hand the connection to the pool if it is not busy."""
         with self.lock:
             if self.closing:
                 return
             self.pending.append((req, data, close))
-            start, pause = not self.busy, self.busy and not self.paused and len(self.pending) >= MAX_PIPELINE
-            self.busy = True
-            self.paused = self.paused or pause
+            start, self.busy = not self.busy, True
         if start:
             self.server.pool.submit(self)
-        elif pause:
-            self.server.unregister(self)
 
     def reject(self, error: ApiError) -> None:
-        """Loop thread: stop parsing; answer `error` after the queued answers, then close."""
+        """Stop parsing; answer `error` after the queued answers, then close."""
         self.msg_started = None
         self.discarding = True
         self.queue(None, error_bytes(error), True)
 
     def feed(self, data: bytes) -> None:
-        """Loop thread: parse what arrived."""
+        """Parse what arrived (the loop thread, or the pool thread that owns the socket)."""
         framer = self.framer
         try:
             framer.parser.feed_data(data)
@@ -440,8 +440,14 @@ class Server:
             if not conn.busy:
                 self._close(conn)
             return  # else the sweep closes it once its answers are written
-        if not (conn.discarding or conn.closing):
-            conn.feed(data)
+        if conn.discarding or conn.closing:
+            return
+        conn.feed(data)
+        with conn.lock:  # the pool thread answering it reads the next requests itself
+            hand = conn.busy and not conn.owned and not conn.discarding
+            conn.owned = conn.owned or hand
+        if hand:
+            self.unregister(conn)
 
     def _on_wake(self) -> None:
         try:
@@ -455,9 +461,8 @@ class Server:
             except queue.Empty:
                 return
             with conn.lock:
-                resume = conn.paused and not conn.closing and self.conns.get(conn.fd) is conn
-                conn.paused = False
-            if resume and not conn.peer_closed:
+                back = not (conn.owned or conn.peer_closed) and self.conns.get(conn.fd) is conn
+            if back:
                 self.register(conn)
 
     def _sweep(self, now: float) -> None:
@@ -468,7 +473,7 @@ class Server:
         lim = self.limits
         for conn in list(self.conns.values()):
             started = conn.msg_started
-            if started is not None and now - started > lim.request_timeout and not (conn.discarding or conn.paused):
+            if started is not None and now - started > lim.request_timeout and not conn.discarding:
                 conn.reject(http_error(408, f"Request not complete within {lim.request_timeout:g} s"))
             if conn.busy:
                 continue
@@ -503,14 +508,18 @@ class Server:
 
     # ---------- pool threads ----------
     def _answer(self, conn: _Conn) -> None:
-        """Answer the connection's queued requests in order until its queue is empty or it must close."""
+        """Answer the connection's queued requests in order, reading the next ones while this thread owns the
+        socket, until there is nothing to answer or the connection must close."""
+        poller = select.poll()
+        poller.register(conn.fd, select.POLLIN)
         while True:
             with conn.lock:
-                if not conn.pending or conn.closing:
-                    conn.busy = False
-                    resume = conn.paused
-                    break
-                req, data, close = conn.pending.popleft()
+                item = conn.pending.popleft() if conn.pending and not conn.closing else None
+            if item is None:
+                if self._read_next(conn, poller) or not self._release(conn):
+                    continue
+                return
+            req, data, close = item
             cut = False
             if req is not None:
                 data, close, cut = self._respond(req, close)
@@ -519,12 +528,42 @@ class Server:
             if close or not ok:
                 self._finish(conn, socket.SHUT_RDWR if cut or not ok else socket.SHUT_WR)
                 return
-        if resume:
-            self._resume.put(conn)
-            try:
-                self._wake_w.send(b"\0")
-            except OSError:
-                pass
+
+    def _read_next(self, conn: _Conn, poller: select.poll) -> bool:
+        """If this thread owns the socket: wait up to KEEP_SOCKET s for bytes and parse them; True if some came."""
+        if not conn.owned or conn.discarding or conn.closing or conn.peer_closed:
+            return False
+        if not poller.poll(KEEP_SOCKET * 1000):
+            return False
+        try:
+            data = conn.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            conn.peer_closed = True  # the sweep closes it
+            return False
+        conn.feed(data)
+        return True
+
+    def _release(self, conn: _Conn) -> bool:
+        """Done with the connection unless requests came meanwhile (then False); the socket goes back to the loop."""
+        with conn.lock:
+            if conn.pending and not conn.closing:
+                return False
+            conn.busy = False
+            give_back, conn.owned = conn.owned, False
+        if give_back:
+            self._give_back(conn)
+        return True
+
+    def _give_back(self, conn: _Conn) -> None:
+        self._resume.put(conn)
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
 
     def _respond(self, req: Request, close: bool) -> tuple[bytes, bool, bool]:
         """(answer bytes, close after?, cut?) for one request."""
@@ -550,6 +589,9 @@ class Server:
         conn.close_at = time.monotonic() + (0.0 if how == socket.SHUT_RDWR else LINGER)
         with conn.lock:
             conn.busy = False
+            give_back, conn.owned = conn.owned, False
+        if give_back:  # the loop drains it until the client closes or LINGER passes
+            self._give_back(conn)
 
     # ---------- any thread ----------
     def shutdown(self) -> None:
