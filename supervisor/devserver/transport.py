@@ -20,7 +20,8 @@ Contract:
 - Complete requests run on a pool of threads, grown on demand up to `max_connections` and retired
   when idle; one connection's requests run one at a time and are answered in order. The thread
   that answered keeps the socket for KEEP_SOCKET s and reads the next request itself, so a busy
-  keep-alive client costs no hand-off per request; then the socket goes back to the selector.
+  keep-alive client costs no hand-off per request; after that silence, or a read that leaves a
+  request incomplete, the socket goes back to the selector (a slow client never holds a thread).
 - Closing after an answer: shut the write side, then drain and discard what the client still sends
   for up to LINGER s, so it reads the answer rather than a reset.
 """
@@ -515,8 +516,8 @@ class Server:
         while True:
             with conn.lock:
                 item = conn.pending.popleft() if conn.pending and not conn.closing else None
-            if item is None:
-                if self._read_next(conn, poller) or not self._release(conn):
+            if item is None:  # keep the socket only while whole requests arrive; a partial one goes to the loop
+                if (self._read_next(conn, poller) and conn.pending) or not self._release(conn):
                     continue
                 return
             req, data, close = item
