@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Any
 
 import orjson
 
@@ -37,14 +38,14 @@ def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _exact_loads(data: bytes) -> object:
+def _exact_loads(data: bytes) -> Any:
     try:
         return json.loads(data.decode("utf-8"), parse_float=_finite, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 
 
-def loads(data: bytes | str) -> object:
+def loads(data: bytes | str) -> Any:
     """Parse strict JSON; integers of any size come back as exact ints. Raises ValueError."""
     if isinstance(data, str):
         data = data.encode("utf-8")

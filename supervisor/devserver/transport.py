@@ -78,6 +78,13 @@ class Request:
     body (bytes); `org` and `params` are the app's."""
 
     __slots__ = ("method", "path", "query", "headers", "body", "org", "params")
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+    org: str | None
+    params: dict[str, str]
 
 
 Serve = Callable[[Request], tuple[int, object, dict, bool]]  # -> (status, JSON-able body or None, headers, cut?)
@@ -139,6 +146,10 @@ class _Framer:
 
     __slots__ = ("conn", "limits", "parser", "url", "headers", "te", "body", "body_bytes", "head_bytes",
                  "raw_head", "in_head")
+    url: bytes
+    headers: dict[str, str]
+    te: list[str]  # every Transfer-Encoding value
+    body: list[bytes]
 
     def __init__(self, conn: _Conn, limits: Limits):
         self.conn, self.limits = conn, limits
