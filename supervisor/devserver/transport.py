@@ -20,8 +20,8 @@ Contract:
 - Complete requests run on a pool of threads, grown on demand up to `max_connections` and retired
   when idle; one connection's requests run one at a time and are answered in order. The thread
   that answered keeps the socket for KEEP_SOCKET s and reads the next request itself, so a busy
-  keep-alive client costs no hand-off per request; after that silence, or a read that leaves a
-  request incomplete, the socket goes back to the selector (a slow client never holds a thread).
+  keep-alive client costs no hand-off per request; then the socket goes back to the selector, so a
+  slow or stalled client holds a thread for KEEP_SOCKET s after an answer at most.
 - Closing after an answer: shut the write side, then drain and discard what the client still sends
   for up to LINGER s, so it reads the answer rather than a reset.
 """
@@ -520,15 +520,23 @@ class Server:
 
     # ---------- pool threads ----------
     def _answer(self, conn: _Conn) -> None:
+        try:
+            self._answer_queue(conn)
+        except Exception as e:  # a bug must not leave the connection busy (its client waiting) forever
+            print(f"warning: connection handler failed: {e!r}", file=sys.stderr, flush=True)
+            self._finish(conn, socket.SHUT_RDWR)
+
+    def _answer_queue(self, conn: _Conn) -> None:
         """Answer the connection's queued requests in order, reading the next ones while this thread owns the
         socket, until there is nothing to answer or the connection must close."""
         poller = select.poll()
         poller.register(conn.fd, select.POLLIN)
+        keep_until = 0.0  # this thread reads the socket until KEEP_SOCKET s after its last answer
         while True:
             with conn.lock:
                 item = conn.pending.popleft() if conn.pending and not conn.closing else None
-            if item is None:  # keep the socket only while whole requests arrive; a partial one goes to the loop
-                if (self._read_next(conn, poller) and conn.pending) or not self._release(conn):
+            if item is None:
+                if self._read_next(conn, poller, keep_until) or not self._release(conn):
                     continue
                 return
             req, data, close = item
@@ -537,15 +545,17 @@ class Server:
                 data, close, cut = self._respond(req, close)
             ok = send_all(conn.sock, data, time.monotonic() + WRITE_TIMEOUT)
             conn.last_done = time.monotonic()
+            keep_until = conn.last_done + KEEP_SOCKET
             if close or not ok:
                 self._finish(conn, socket.SHUT_RDWR if cut or not ok else socket.SHUT_WR)
                 return
 
-    def _read_next(self, conn: _Conn, poller: select.poll) -> bool:
-        """If this thread owns the socket: wait up to KEEP_SOCKET s for bytes and parse them; True if some came."""
-        if not conn.owned or conn.discarding or conn.closing or conn.peer_closed:
+    def _read_next(self, conn: _Conn, poller: select.poll, until: float) -> bool:
+        """If this thread owns the socket: wait until `until` for bytes and parse them; True if some came."""
+        left = until - time.monotonic()
+        if left <= 0 or not conn.owned or conn.discarding or conn.closing or conn.peer_closed:
             return False
-        if not poller.poll(KEEP_SOCKET * 1000):
+        if not poller.poll(left * 1000):
             return False
         try:
             data = conn.sock.recv(RECV_SIZE)
