@@ -18,6 +18,7 @@ from .app import App, Config, make_server, serve_in_thread
 from .faults import Faults, RateLimiter
 from .store import Store
 from .sweeps import Sweeper
+from .transport import Limits, fit_fd_limit
 
 EPILOG = """\
 Resilience switches (to test a worker against a misbehaving API):
@@ -56,8 +57,8 @@ def _nonneg_int(text: str) -> int:
 
 def _pos_float(text: str) -> float:
     v = float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
+    if not 0 < v < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError("must be a finite number > 0")
     return v
 
 
@@ -102,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rate-burst", _pos_int, None, "token-bucket burst for --rate-limit (default 2x the rate)")
     add("--max-payload-bytes", _pos_int, 1048576, "max serialised job payload; over it 400 VALIDATION_ERROR")
     add("--max-body-bytes", _pos_int, 2 * 1024 * 1024, "max request body; over it 400 INVALID_JSON")
+    add("--max-header-bytes", _pos_int, 16384, "max request line + headers; over it 414 / 431")
+    add("--max-connections", _pos_int, 1024, "open connections; beyond, a new one gets 503 and is closed")
+    add("--request-timeout", _pos_float, 5.0, "seconds a request may take to arrive after its first byte; "
+        "then 408 and close")
+    add("--idle-timeout", _pos_float, 30.0, "seconds a keep-alive connection may sit idle before it is closed")
     add("--fault-503", _frac, 0.0, "fraction of API requests answered 503")
     add("--fault-delay-ms", _nonneg_int, 0, "delay API requests by this many milliseconds")
     add("--fault-delay-fraction", _frac, 1.0, "fraction of API requests that get --fault-delay-ms")
@@ -133,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)
     limiter = RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None
     app = App(store, cfg, faults, limiter)
+    max_conns = fit_fd_limit(args.max_connections)
+    if max_conns < args.max_connections:
+        print(f"warning: --max-connections lowered to {max_conns} to fit the open-file limit (ulimit -n)",
+              file=sys.stderr, flush=True)
+    limits = Limits(max_connections=max_conns, request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
+                    max_header_bytes=args.max_header_bytes)
     try:
-        server = make_server(app, args.host, args.port)
+        server = make_server(app, args.host, args.port, limits)
     except OSError as e:
         print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
         store.close()

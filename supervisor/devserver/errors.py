@@ -82,3 +82,18 @@ def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> ApiErr
         extra["upgrade_to"] = upgrade
         msg += f" Upgrade to {upgrade} for higher limits."
     return ApiError(429, "QUOTA_EXCEEDED", msg, extra=extra)
+
+
+def code_for(status: int) -> str:
+    """The contract's status-to-code fallback (section 2); a 4xx it does not list is BAD_REQUEST."""
+    return STATUS_CODES.get(status) or ("BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
+
+
+def http_error(status: int, message: str, headers: dict | None = None) -> ApiError:
+    """A transport answer (malformed framing, a size cap, a timeout, the connection cap): code from the status."""
+    return ApiError(status, code_for(status), message, headers=headers)
+
+
+def body_too_large(limit: int) -> ApiError:
+    """400 INVALID_JSON for a body over --max-body-bytes (the contract's over-limit answer)."""
+    return invalid_json(f"Request body exceeds the limit of {limit} bytes", "body_too_large")

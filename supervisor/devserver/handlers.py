@@ -6,8 +6,7 @@ Each handler takes (app, req) and returns (status, json_or_None, headers_or_None
 
 from __future__ import annotations
 
-import orjson
-
+from . import jsonexact
 from .errors import ApiError, invalid_json, validation
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
@@ -27,8 +26,8 @@ def parse_json(req, optional: bool = False):
     if "application/json" not in ctype.lower():
         raise invalid_json("Expected request with `Content-Type: application/json`", "invalid_content_type")
     try:
-        return orjson.loads(req.body)
-    except orjson.JSONDecodeError as e:
+        return jsonexact.loads(req.body)  # integers of any size stay exact; NaN / Infinity are refused
+    except ValueError as e:
         raise invalid_json(f"Failed to parse the request body as JSON: {e}") from None
 
 
@@ -36,8 +35,16 @@ def body(req, optional: bool = False) -> Body:
     return Body(parse_json(req, optional))
 
 
+def _encode(field: str, value) -> str:
+    """JSON text of a parsed body value, big integers exact; 400 if even the stdlib can't encode it."""
+    try:
+        return dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        raise validation(field, f"{field} cannot be stored as JSON (nested too deeply)", "invalid_json") from None
+
+
 def _json_text(field: str, value, limit: int, too_big_status: int = 400) -> str:
-    text = dumps(value)
+    text = _encode(field, value)
     if len(text.encode()) > limit:
         raise validation(field, f"{field} size ({len(text.encode())} bytes) exceeds maximum ({limit} bytes)",
                          "too_large")
@@ -214,7 +221,7 @@ def complete(app, req):
     worker = b.str("worker_id", True, 1, 255)
     lease_id = _lease_id(b)
     present, result = b.any("result")
-    result_text = None if not present or result is None else dumps(result)
+    result_text = None if not present or result is None else _encode("result", result)
     app.store.complete(req.org, req.params["id"], worker, lease_id, result_text)
     return 200, {"success": True}, None
 
