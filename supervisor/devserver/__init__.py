@@ -7,7 +7,7 @@ Modules, one concern each:
   jsonexact -- JSON with integers of any size exact (orjson fast path, stdlib fallback)
   handlers -- one function per route: validate the request, call the store
   validate -- request-body validation producing the contract's error shapes
-  errors   -- ApiError and the JSON error envelopes of CONTRACT section 2
+  errors   -- HttpError and the JSON error envelopes of CONTRACT section 2
   store    -- every SQL statement and transaction (SQLite, WAL)
   sweeps   -- background lease recovery and stale-worker reaper
   faults   -- fault injection and per-org rate limiting

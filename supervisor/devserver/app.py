@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from . import handlers as h
-from .errors import ApiError
+from .errors import HttpError
 from .faults import RequestStats
 from .transport import Limits, Request, Server
 
-__all__ = ["App", "Config", "Limits", "Request", "Router", "Server", "make_server", "serve_in_thread"]
+__all__ = ["App", "ServerConfig", "Limits", "Request", "Router", "Server", "make_server", "serve_in_thread"]
 
 PUBLIC, API, DEV = "public", "api", "dev"
 ROUTES = [
@@ -115,16 +115,16 @@ class Router:
                 if best is not None:
                     methods, params = best[1], {name: unquote(segs[i]) for i, name in best[2]}
         if methods is None:
-            raise ApiError(404, "NOT_FOUND", "No route matches this path")
+            raise HttpError(404, "NOT_FOUND", "No route matches this path")
         found = methods.get(method)
         if found is None:
-            raise ApiError(405, "METHOD_NOT_ALLOWED", "This path does not support the request method",
+            raise HttpError(405, "METHOD_NOT_ALLOWED", "This path does not support the request method",
                            headers={"Allow": ", ".join(sorted(methods))})
         return found[0], found[1], params
 
 
 @dataclass
-class Config:
+class ServerConfig:
     lease_duration: int = 30
     heartbeat_interval: int = 10
     max_workers: int | None = None
@@ -135,7 +135,7 @@ class Config:
 class App:
     """Routes a parsed HTTP request to a handler and turns the outcome into (status, body bytes, headers)."""
 
-    def __init__(self, store, cfg: Config, faults, limiter=None):
+    def __init__(self, store, cfg: ServerConfig, faults, limiter=None):
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
@@ -143,11 +143,11 @@ class App:
     def authenticate(self, headers) -> str:
         auth = headers.get("authorization")
         if not auth or not auth.startswith("Bearer "):
-            raise ApiError(401, "UNAUTHORIZED", "Missing or invalid Authorization header")
+            raise HttpError(401, "UNAUTHORIZED", "Missing or invalid Authorization header")
         token = auth[7:].strip()
         org = self.store.org_for_key(token) if token else None
         if org is None:
-            raise ApiError(401, "UNAUTHORIZED", "Invalid token" if token.startswith("eyJ") else "Invalid API key")
+            raise HttpError(401, "UNAUTHORIZED", "Invalid token" if token.startswith("eyJ") else "Invalid API key")
         return org
 
     def serve(self, req: Request) -> tuple[int, object, dict, bool]:
@@ -165,14 +165,14 @@ class App:
             if kind != PUBLIC:
                 version = req.headers.get("x-api-version")
                 if kind == API and version is not None and version.strip() != "1":
-                    raise ApiError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
+                    raise HttpError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
                 req.org = None if fn in NO_AUTH else self.authenticate(req.headers)
                 if kind == API:
                     org = req.org or "public"
                     if self.limiter is not None:
                         try:
                             self.limiter.take(org)
-                        except ApiError:
+                        except HttpError:
                             self.stats.count(org, fn.__name__, rate_limited=True)
                             raise
                     self.stats.count(org, fn.__name__)
@@ -181,7 +181,7 @@ class App:
                         cut = self.faults.should_cut()
             status, body, headers = fn(self, req)
             return status, body, headers or {}, cut
-        except ApiError as e:
+        except HttpError as e:
             return e.status, e.body, e.headers, cut
         except sqlite3.Error as e:
             print(f"warning: database error on {req.method} {req.path}: {e}", file=sys.stderr, flush=True)

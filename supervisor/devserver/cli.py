@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 
-from .app import App, Config, make_server, serve_in_thread
+from .app import App, ServerConfig, make_server, serve_in_thread
 from .faults import Faults, RateLimiter
 from .store import Store
 from .sweeps import Sweeper
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         print(f"error: cannot start on database {args.db!r}: {e}", file=sys.stderr, flush=True)
         return 2
-    cfg = Config(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
+    cfg = ServerConfig(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
                  max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,
                  max_body_bytes=args.max_body_bytes)
     faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)

@@ -1,4 +1,4 @@
-"""ApiError and the JSON error envelopes of CONTRACT section 2.
+"""HttpError and the JSON error envelopes of CONTRACT section 2.
 
 Every error leaves the server as JSON with at least `code` and `message`;
 validation errors add `details` (a list of {field, message, code}).
@@ -14,7 +14,7 @@ STATUS_CODES = {
 }
 
 
-class ApiError(Exception):
+class HttpError(Exception):
     """An HTTP error answer: status, body (dict with code/message/...) and extra headers."""
 
     def __init__(self, status: int, code: str | None, message: str, details=None, extra: dict | None = None,
@@ -31,49 +31,49 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def not_found(message: str = "Resource not found") -> ApiError:
-    return ApiError(404, "NOT_FOUND", message)
+def not_found(message: str = "Resource not found") -> HttpError:
+    return HttpError(404, "NOT_FOUND", message)
 
 
-def conflict(message: str) -> ApiError:
-    return ApiError(409, "CONFLICT", message)
+def conflict(message: str) -> HttpError:
+    return HttpError(409, "CONFLICT", message)
 
 
-def lease_expired(message: str) -> ApiError:
-    return ApiError(409, "LEASE_EXPIRED", message)
+def lease_expired(message: str) -> HttpError:
+    return HttpError(409, "LEASE_EXPIRED", message)
 
 
-def validation(field: str, message: str, code: str = "invalid") -> ApiError:
+def validation(field: str, message: str, code: str = "invalid") -> HttpError:
     """400: a value has the right type but breaks a rule (range, length, characters)."""
-    return ApiError(400, "VALIDATION_ERROR", f"{field}: {message}",
+    return HttpError(400, "VALIDATION_ERROR", f"{field}: {message}",
                     details=[{"field": field, "message": message, "code": code}],
                     extra={"error": "Validation failed"})
 
 
-def missing_field(field: str) -> ApiError:
+def missing_field(field: str) -> HttpError:
     """422: a required field is absent (serde's `missing field`)."""
     msg = f"Field `{field}` is required"
-    return ApiError(422, "VALIDATION_ERROR", msg,
+    return HttpError(422, "VALIDATION_ERROR", msg,
                     details=[{"field": field, "message": msg, "code": "missing_field"}],
                     extra={"error": "Validation failed"})
 
 
-def invalid_type(field: str, expected: str) -> ApiError:
+def invalid_type(field: str, expected: str) -> HttpError:
     """422: a field has the wrong JSON type."""
     msg = f"Field `{field}` has an invalid type: expected {expected}"
-    return ApiError(422, "VALIDATION_ERROR", msg,
+    return HttpError(422, "VALIDATION_ERROR", msg,
                     details=[{"field": field, "message": msg, "code": "invalid_type"}],
                     extra={"error": "Validation failed"})
 
 
-def invalid_json(message: str, code: str = "invalid_json") -> ApiError:
+def invalid_json(message: str, code: str = "invalid_json") -> HttpError:
     """400 INVALID_JSON: malformed, truncated, empty or over-size body, or wrong Content-Type."""
-    return ApiError(400, "INVALID_JSON", message,
+    return HttpError(400, "INVALID_JSON", message,
                     details=[{"field": "body", "message": message, "code": code}],
                     extra={"error": "Invalid JSON"})
 
 
-def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> ApiError:
+def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> HttpError:
     """429 QUOTA_EXCEEDED for a plan limit (CONTRACT section 2)."""
     upgrade = {"free": "starter", "starter": "pro", "pro": "enterprise"}.get(plan)
     extra = {"error": "limit_exceeded", "resource": resource, "current": current, "limit": limit, "plan": plan}
@@ -81,7 +81,7 @@ def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> ApiErr
     if upgrade:
         extra["upgrade_to"] = upgrade
         msg += f" Upgrade to {upgrade} for higher limits."
-    return ApiError(429, "QUOTA_EXCEEDED", msg, extra=extra)
+    return HttpError(429, "QUOTA_EXCEEDED", msg, extra=extra)
 
 
 def code_for(status: int) -> str:
@@ -89,11 +89,11 @@ def code_for(status: int) -> str:
     return STATUS_CODES.get(status) or ("BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
 
 
-def http_error(status: int, message: str, headers: dict | None = None) -> ApiError:
+def http_error(status: int, message: str, headers: dict | None = None) -> HttpError:
     """A transport answer (malformed framing, a size cap, a timeout, the connection cap): code from the status."""
-    return ApiError(status, code_for(status), message, headers=headers)
+    return HttpError(status, code_for(status), message, headers=headers)
 
 
-def body_too_large(limit: int) -> ApiError:
+def body_too_large(limit: int) -> HttpError:
     """400 INVALID_JSON for a body over --max-body-bytes (the contract's over-limit answer)."""
     return invalid_json(f"Request body exceeds the limit of {limit} bytes", "body_too_large")

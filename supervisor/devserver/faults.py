@@ -18,7 +18,7 @@ import random
 import threading
 import time
 
-from .errors import ApiError
+from .errors import HttpError
 
 
 class Faults:
@@ -71,7 +71,7 @@ class Faults:
         if delay:
             time.sleep(delay / 1000.0)
         if fail:
-            raise ApiError(503, "SERVICE_UNAVAILABLE", "Injected fault: service unavailable")
+            raise HttpError(503, "SERVICE_UNAVAILABLE", "Injected fault: service unavailable")
 
     def should_cut(self) -> bool:
         with self._lock:
@@ -102,7 +102,7 @@ class RateLimiter:
             b[0] = tokens
             wait = (1.0 - tokens) / self.rps
         secs = max(1, math.ceil(wait))
-        raise ApiError(429, "RATE_LIMIT_EXCEEDED", "Rate limit exceeded",
+        raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Rate limit exceeded",
                        extra={"error": "Rate limit exceeded", "retry_after_secs": secs,
                               "limit": int(self.rps) if self.rps.is_integer() else self.rps, "remaining": 0,
                               "reset_at": int(time.time() + wait) + 1},

@@ -24,7 +24,7 @@ import grpc
 import orjson
 from google.protobuf import json_format, struct_pb2
 
-from .errors import ApiError
+from .errors import HttpError
 from .grpc_gen import spooled_pb2 as pb
 from .grpc_gen import spooled_pb2_grpc as pb_grpc
 from .store import Store, dumps
@@ -60,7 +60,7 @@ def _invalid(message: str) -> GrpcError:
     return GrpcError(SC.INVALID_ARGUMENT, message, "INVALID_ARGUMENT")
 
 
-def from_api_error(e: ApiError, job_route: bool = False) -> GrpcError:
+def from_api_error(e: HttpError, job_route: bool = False) -> GrpcError:
     """The store's REST-shaped outcome as the gRPC status the real server gives."""
     code, msg = e.body.get("code"), e.body.get("message", "")
     if e.status in (400, 422):
@@ -160,13 +160,13 @@ class Backend:
         if self.limiter is not None:
             try:
                 self.limiter.take(org)
-            except ApiError:
+            except HttpError:
                 raise GrpcError(SC.RESOURCE_EXHAUSTED, "Rate limit exceeded", "RATE_LIMIT_EXCEEDED") from None
         if not self.faults.active():
             return False
         try:
             self.faults.before()
-        except ApiError as e:
+        except HttpError as e:
             raise GrpcError(SC.UNAVAILABLE, e.body["message"]) from None
         return self.faults.should_cut()
 
@@ -256,7 +256,7 @@ def _run(fn: Callable, job_route: bool = False):
         return fn()
     except GrpcError:
         raise
-    except ApiError as e:
+    except HttpError as e:
         raise from_api_error(e, job_route) from None
     except sqlite3.Error as e:
         print(f"warning: database error on a gRPC call: {e}", file=sys.stderr, flush=True)

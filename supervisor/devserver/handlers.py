@@ -7,7 +7,7 @@ Each handler takes (app, req) and returns (status, json_or_None, headers_or_None
 from __future__ import annotations
 
 from . import jsonexact
-from .errors import ApiError, invalid_json, validation
+from .errors import HttpError, invalid_json, validation
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
 
@@ -97,7 +97,7 @@ def health_live(app, req):
 
 def health_ready(app, req):
     if not app.store.ping():
-        raise ApiError(503, "SERVICE_UNAVAILABLE", "Database is not available")
+        raise HttpError(503, "SERVICE_UNAVAILABLE", "Database is not available")
     return 200, None, None
 
 
@@ -202,7 +202,7 @@ def bulk_create(app, req):
     for i, raw in enumerate(jobs):
         try:
             items.append((i, _job_fields(app, Body(raw), queue, defaults)))
-        except ApiError as e:
+        except HttpError as e:
             items.append((i, e))
     return 200, app.store.bulk_create(req.org, items), None
 
@@ -301,7 +301,7 @@ def dlq_retry(app, req):
     queue = b.str("queue_name", False, 1, 100)
     ids = b.list("job_ids", False, 100)
     if ids is not None and not all(isinstance(i, str) for i in ids):
-        raise ApiError(422, "VALIDATION_ERROR", "Field `job_ids` has an invalid type: expected an array of strings",
+        raise HttpError(422, "VALIDATION_ERROR", "Field `job_ids` has an invalid type: expected an array of strings",
                        details=[{"field": "job_ids", "message": "expected an array of strings",
                                  "code": "invalid_type"}], extra={"error": "Validation failed"})
     limit = b.int("limit", False, 1, 100, default=100)
@@ -326,9 +326,9 @@ def list_queues(app, req):
 def _queue_name_param(name: str) -> str:
     """The real server's check on the `{name}` of queue read routes: 400 BAD_REQUEST, not VALIDATION_ERROR."""
     if not name or len(name.encode()) > 100:  # bytes, as the server counts them
-        raise ApiError(400, "BAD_REQUEST", "Invalid queue name length")
+        raise HttpError(400, "BAD_REQUEST", "Invalid queue name length")
     if not all(c.isalnum() or c in "-_." for c in name):
-        raise ApiError(400, "BAD_REQUEST", "Queue name contains invalid characters")
+        raise HttpError(400, "BAD_REQUEST", "Queue name contains invalid characters")
     return name
 
 

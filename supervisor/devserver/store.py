@@ -6,7 +6,7 @@ serialised by SQLite itself (busy_timeout waits). WAL + synchronous=NORMAL: a
 killed process loses no committed transaction. Times are stored as epoch
 seconds (REAL) and rendered as RFC 3339 UTC with `Z`. JSON values (payload,
 result, tags, metadata, settings) are stored as JSON text and sent back verbatim
-as orjson fragments. Methods raise errors.ApiError for contract outcomes.
+as orjson fragments. Methods raise errors.HttpError for contract outcomes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import orjson
 
 from . import jsonexact
-from .errors import ApiError, conflict, lease_expired, not_found, quota_exceeded, validation
+from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
 
 Fragment = orjson.Fragment
 DEFAULT_MAX_RETRIES = 3
@@ -412,17 +412,17 @@ class Store:
             return self._insert_job(db, org, j, time.time())
 
     def bulk_create(self, org: str, items: list) -> dict:
-        """items: list of (index, job dict) or (index, ApiError). All in one transaction."""
+        """items: list of (index, job dict) or (index, HttpError). All in one transaction."""
         succeeded, failed = [], []
         now = time.time()
         with self._tx() as db:
             for index, item in items:
-                if isinstance(item, ApiError):
+                if isinstance(item, HttpError):
                     failed.append({"index": index, "error": item.body["message"]})
                     continue
                 try:
                     jid, created = self._insert_job(db, org, item, now)
-                except ApiError as e:
+                except HttpError as e:
                     failed.append({"index": index, "error": e.body["message"]})
                     continue
                 succeeded.append({"index": index, "job_id": jid, "created": created})

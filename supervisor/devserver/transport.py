@@ -45,7 +45,7 @@ from urllib.parse import parse_qs
 import httptools
 
 from . import jsonexact
-from .errors import ApiError, body_too_large, http_error
+from .errors import HttpError, body_too_large, http_error
 
 RECV_SIZE = 65536
 SWEEP_EVERY = 0.25  # seconds between timeout sweeps: the precision of every timeout
@@ -93,7 +93,7 @@ Serve = Callable[[Request], tuple[int, object, dict, bool]]  # -> (status, JSON-
 class _Reject(Exception):
     """Raised from a parser callback: answer `error`, then close."""
 
-    def __init__(self, error: ApiError):
+    def __init__(self, error: HttpError):
         super().__init__(error.body["message"])
         self.error = error
 
@@ -114,7 +114,7 @@ def render(status: int, body, headers: dict, close: bool, head_only: bool = Fals
     return head, (b"" if head_only else payload)
 
 
-def error_bytes(e: ApiError) -> bytes:
+def error_bytes(e: HttpError) -> bytes:
     head, payload = render(e.status, e.body, e.headers, close=True)
     return head + payload
 
@@ -126,7 +126,7 @@ def _check_codings(values: list[str]) -> None:
         raise _Reject(http_error(501, f"Transfer-Encoding {unknown[0]!r} is not implemented; only chunked is"))
 
 
-def classify(exc: Exception, data: bytes) -> ApiError:
+def classify(exc: Exception, data: bytes) -> HttpError:
     """The answer to an llhttp error (`data`: the bytes being parsed when it struck)."""
     msg = str(exc)
     if isinstance(exc, httptools.HttpParserInvalidMethodError):
@@ -241,7 +241,7 @@ class _Conn:
         if start:
             self.server.pool.submit(self)
 
-    def reject(self, error: ApiError) -> None:
+    def reject(self, error: HttpError) -> None:
         """Stop parsing; answer `error` after the queued answers, then close."""
         self.msg_started = None
         self.discarding = True
