@@ -5,7 +5,8 @@ unknown (no pacing) until the API answers 429: then it is learned from the answe
 plan's requests per second, CONTRACT section 9), less a 5% margin. A 429 while already pacing at
 that rate means someone else spends the same plan (another replica): the rate drops by a fifth,
 and creeps back up towards the plan's limit while no 429 comes. Without a `limit` in the answer
-the rate is 90% of what the daemon was sending. Settlements (complete, fail) go first, then lease
+the rate is 90% of what the daemon was sending. 429s within ECHO_WINDOW of a change answer requests
+sent before it and teach nothing more. Settlements (complete, fail) go first, then lease
 renewals, then worker calls (register, heartbeat); a claim goes only when a token is left over for
 a settlement behind it, and not while a 429's Retry-After holds. Nothing is ever dropped: a call
 without a token waits in order of priority.
@@ -27,6 +28,7 @@ SHARED_BACKOFF = 0.8  # a 429 while pacing at that rate: the plan is shared; dro
 CREEP_EVERY = 2.0  # seconds without a 429 before a lowered rate grows
 CREEP_BY = 0.05  # ... by this share, up to the plan's limit
 MIN_RATE = 0.5
+ECHO_WINDOW = 1.0  # seconds after a 429 changed the rate in which further 429s answer requests sent before it
 
 Send = Callable[[object, object, bool], None]  # send(call, followup, first)
 
@@ -41,6 +43,7 @@ class Pacer:
         self.plan_rate: float | None = None  # PLAN_MARGIN x the `limit` a 429 answer gave
         self.claims_paused_until = 0.0  # a 429's Retry-After
         self.last_429_at = -1e9
+        self.rate_set_at = -1e9  # when a 429 last changed the rate
         self.crept_at = 0.0
         self.waiting: list[tuple[int, int, object, object, bool]] = []  # (priority, seq, call, followup, first)
         self._seq = itertools.count()
@@ -101,12 +104,15 @@ class Pacer:
         if limit and limit > 0:
             self.plan_rate = max(MIN_RATE, PLAN_MARGIN * float(limit))
         if self.rate is not None and self.plan_rate is not None and self.rate <= self.plan_rate * 1.001:
-            self.rate = max(MIN_RATE, self.rate * SHARED_BACKOFF)  # pacing at the plan's rate is not enough
+            # Pacing at the plan's rate is not enough: another client spends the plan. Unless the rate
+            # was just set: then this answers a request sent before it (several overlap on the wire).
+            if now - self.rate_set_at >= ECHO_WINDOW:
+                self.rate, self.rate_set_at = max(MIN_RATE, self.rate * SHARED_BACKOFF), now
         elif self.plan_rate is not None:
-            self.rate = self.plan_rate
+            self.rate, self.rate_set_at = self.plan_rate, now
         else:
             learned = max(MIN_RATE, LEARN_FACTOR * self._sending_rate(now))
-            self.rate = learned if self.rate is None else min(self.rate, learned)
+            self.rate, self.rate_set_at = (learned if self.rate is None else min(self.rate, learned)), now
         self.tokens, self.refilled_at = 0.0, now
 
     def requests_per_second(self, now: float) -> float:
