@@ -87,8 +87,8 @@ class JobFlow:
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
             soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
-            if idle > len(self.inflight.waiting()):
-                times.append(soonest)
+            if idle > len(self.inflight.waiting()) or (self.cfg.prefetch != 0 and self._claim_size(now, idle) > 0):
+                times.append(soonest)  # a child is idle, or a busy one is inside the horizon already
             elif self.cfg.prefetch != 0:
                 need_at = next_need_at(now, self._busy_remaining(now), self.claim_rtt.value)
                 if need_at is not None:
@@ -169,14 +169,17 @@ class JobFlow:
         intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
         if intake is None:
             return
-        size = claim_size(Need(idle=idle, waiting=len(self.inflight.waiting()), remaining=self._busy_remaining(now),
-                               procs=procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
-                               prefetch=self.cfg.prefetch, rate=rate))
+        size = self._claim_size(now, idle, procs, rate)
         if size <= 0:
             return
         self.claim_inflight = True
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
+
+    def _claim_size(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> int:
+        return claim_size(Need(idle=idle, waiting=len(self.inflight.waiting()), remaining=self._busy_remaining(now),
+                               procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
+                               prefetch=self.cfg.prefetch, rate=rate))
 
     def _run_time(self) -> float | None:
         """The shortest run-time estimate among the queues (the one that wants claiming most often)."""
