@@ -301,3 +301,14 @@ def test_sim_a_mispredicted_long_job_keeps_only_what_was_claimed_before_it_overr
     behind = {j for j, t in sim.start_times.items() if t >= long_start + 3.0 and sim.claimed_at[j] <= long_start}
     renewed = {s.job_id for s in sim.sent if s.route == "job_heartbeat"}
     assert renewed == {"j5"} | behind and behind  # ...each renewed (5 s lease, renewed every 1.7 s)
+
+
+def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take_it():
+    flow, submit = flow_with_estimates(procs=1, run=0.05, lease=6)
+    stale = flow.inflight.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # renewal due at 12
+    fresh = flow.inflight.add({"id": "f", "lease_id": "Lf", "queue_name": "q"}, 14.0)
+    assert flow.enforce(16.5) == []  # the loop did not run from 10 to 16.5: longer than the 6 s lease
+    assert flow.inflight.get("w") is None and flow.inflight.get("f") is fresh
+    assert [e.id for _, e in flow.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
+    renewed = [c for c, _, _ in submit.calls if c.route == "job_heartbeat"]
+    assert all("/w/" not in c.path for c in renewed) and stale.renewing is False
