@@ -313,8 +313,14 @@ class JobFlow:
 
     # ------------------------------------------------------------ deadlines and leases
     def enforce(self, now: float) -> list[Fact]:
-        """Time out jobs past their timeout_seconds, resend due reports, renew due leases."""
+        """Drop reserved jobs whose lease ran out, time out jobs past their timeout_seconds, resend due
+        reports, renew due leases."""
         facts: list[Fact] = []
+        for entry in self.inflight.waiting():
+            if entry.lease_until <= now and not entry.renewing:
+                # The loop did not run for longer than the lease (the host paused, the API unreachable):
+                # the server has re-queued the job, so this copy must never reach a child.
+                facts += self._lease_lost(entry, "its lease ran out while it waited for a child", now)
         for entry in self.inflight.timed_out(now):
             timeout = entry.job.get("timeout_seconds")
             log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
