@@ -8,22 +8,15 @@ one more for that child, which then waits behind the long job.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
-import requests
 from conftest import Daemon, DevServer, free_port, parse_ts, wait_for_status, wait_until
+from intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
 
 RECORD = "tests.handlers_intake:record"
-
-
-# ------------------------------------------------------------------ helpers
-
-def status(port: int) -> dict:
-    return requests.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
 
 
 def train(server: DevServer, queue: str, n: int = 4) -> list[str]:
@@ -49,49 +42,6 @@ def reserve_behind_a_long_job(server: DevServer, daemon: Daemon, port: int, long
     jobs = wait_until(lambda: held_by(server, daemon.worker_id, long_id, wait_id), timeout=5,
                       what="both jobs processing for this worker")
     return long_id, wait_id, jobs[1]
-
-
-def log_records(daemon: Daemon) -> list[dict]:
-    out = []
-    for line in list(daemon.out.lines):
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
-
-
-@pytest.fixture
-def servers(tmp_path):
-    """Start dev servers with extra flags (each on its own database); stop them all at the end."""
-    started: list[DevServer] = []
-
-    def make(*extra: str) -> DevServer:
-        server = DevServer(str(tmp_path / f"dev{len(started)}.db"),
-                           extra=["--lease-sweep-interval", "0.2", *extra])
-        started.append(server)
-        return server.start()
-
-    yield make
-    for server in started:
-        server.stop()
-
-
-@pytest.fixture
-def daemons():
-    started: list[Daemon] = []
-
-    def make(server: DevServer, queue: str, **kw) -> Daemon:
-        d = Daemon(server, queue, **kw)
-        started.append(d)
-        return d.start()
-
-    yield make
-    for d in started:
-        if d.proc is not None and d.proc.poll() is None:
-            os.kill(d.proc.pid, signal.SIGCONT)  # a test that failed while the daemon was stopped
-        d.stop()
 
 
 # ------------------------------------------------------------------ held like running jobs
@@ -131,8 +81,8 @@ def test_sigterm_with_a_reserved_job_leaves_every_job_completed_or_queued_and_no
     d = daemon_factory(f"ca-term-{int(finishes)}", procs=1, args=[
         "--health-port", str(port), "--drain-timeout", "15" if finishes else "1"]).wait_ready()
     trained = train(dev_server, d.queue)
-    long_id, wait_id, _ = reserve_behind_a_long_job(dev_server, d, port, {"do": "sleep", "secs": 1.5 if finishes else 60},
-                                                    {"do": "sleep", "secs": 0.05})
+    long_job = {"do": "sleep", "secs": 1.5 if finishes else 60}
+    long_id, wait_id, _ = reserve_behind_a_long_job(dev_server, d, port, long_job, {"do": "sleep", "secs": 0.05})
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 0
     jobs = [dev_server.job(j) for j in (*trained, long_id, wait_id)]
@@ -177,9 +127,7 @@ def test_prefetch_0_never_holds_a_job_beyond_the_idle_children(servers, daemons,
     jobs); --prefetch 0 only claims for idle children, which start every job of a claim at once."""
     server = servers("--fault-delay-ms", "20")
     queue = f"ca-pf-{prefetch}"
-    r = server.request("POST", "/api/v1/jobs/bulk", json={
-        "queue_name": queue, "jobs": [{"payload": {"do": "sleep", "secs": 0.01}} for _ in range(60)]})
-    assert r.status_code in (200, 201), r.text
+    bulk(server, queue, [{"do": "sleep", "secs": 0.01}] * 60)
     d = daemons(server, queue, procs=2, args=["--prefetch", prefetch, "--log-level", "DEBUG", "--until-empty"])
     assert d.wait(60) == 0
     carried, largest, claimed = claimed_and_started(d)
