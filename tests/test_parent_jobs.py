@@ -566,7 +566,12 @@ def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
     rig.flow.started(rig.entry("c"), fake_child(0), T0 + 1.04)
     rig.flow.send_reports()
     rig.submit.take("complete")
-    # "b" ends near T0 + 1.02, "c" near T0 + 2.04: with no idle child, wake within the horizon of "c"
+    # "b" was due to end near T0 + 1.02 and still runs: its child is inside the horizon, so a claim is due now
+    assert rig.deadline(T0 + 1.5, may_claim=True, idle=0) <= T0 + 1.5
+    # once "b" is done (and its report sent), "c" (ends near T0 + 2.04) is the next one: wake within its horizon
+    rig.flow.job_done(JobDone(1, "b", True, 1), T0 + 1.5)
+    rig.flow.send_reports()
+    rig.submit.take("complete")
     at = rig.deadline(T0 + 1.5, may_claim=True, idle=0)
     assert at is not None and T0 + 1.9 < at < T0 + 2.04
 
