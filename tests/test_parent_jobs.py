@@ -573,7 +573,8 @@ def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
     rig.flow.send_reports()
     rig.submit.take("complete")
     at = rig.deadline(T0 + 1.5, may_claim=True, idle=0)
-    assert at is not None and T0 + 1.9 < at < T0 + 2.04
+    # the run-time estimate grew with "b"'s 1.48 s (EWMA 1.096 s): "c" ends near T0 + 2.136
+    assert at is not None and T0 + 2.0 < at < T0 + 2.136
 
 
 def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
