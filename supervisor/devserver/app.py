@@ -103,7 +103,7 @@ class Router:
             if segs:
                 best = None
                 for pos, table in self.shapes.get(len(segs), ()):
-                    key = segs.copy()
+                    key: list[str | None] = list(segs)
                     for i in pos:
                         if not key[i]:  # an empty parameter segment matches no template
                             break

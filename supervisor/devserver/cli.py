@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default = type_(raw)
             except (ValueError, argparse.ArgumentTypeError) as e:
                 p.error(f"environment value for {flag} is invalid ({raw!r}): {e}")
-        p.add_argument(flag, type=type_, default=default, help=help_ + " (env SPOOLED_DEV_%s)" % name.upper()
+        p.add_argument(flag, type=type_, default=default, help=help_ + f" (env SPOOLED_DEV_{name.upper()})"
                        + (f" or {env}" if env else "") + (f"; default {default}" if default is not None else ""))
 
     add("--host", str, "127.0.0.1", "interface to listen on")
@@ -125,44 +125,29 @@ def start_grpc(store, cfg, faults, limiter, host: str, port: int):
     return make_grpc_server(store, cfg, faults, limiter, host, port)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def _open_store(args: argparse.Namespace) -> tuple[Store, str] | None:
+    """The store and the default organization's API key, or None after printing why the DB is unusable."""
     try:
         store = Store(args.db)
         key = store.bootstrap(args.api_key)
     except Exception as e:
         print(f"error: cannot start on database {args.db!r}: {e}", file=sys.stderr, flush=True)
-        return 2
-    cfg = ServerConfig(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
-                 max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,
-                 max_body_bytes=args.max_body_bytes)
-    faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)
-    limiter = RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None
-    app = App(store, cfg, faults, limiter)
+        return None
+    return store, key
+
+
+def _connection_limits(args: argparse.Namespace) -> Limits:
+    """Transport limits; --max-connections lowered (with a warning) to fit the open-file limit."""
     max_conns = fit_fd_limit(args.max_connections)
     if max_conns < args.max_connections:
         print(f"warning: --max-connections lowered to {max_conns} to fit the open-file limit (ulimit -n)",
               file=sys.stderr, flush=True)
-    limits = Limits(max_connections=max_conns, request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
-                    max_header_bytes=args.max_header_bytes)
-    try:
-        server = make_server(app, args.host, args.port, limits)
-    except OSError as e:
-        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
-        store.close()
-        return 1
-    host, port = server.server_address[:2]
-    grpc_server = None
-    if args.grpc_port is not None:
-        try:
-            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port)
-        except (ImportError, OSError) as e:
-            print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
-            server.server_close()
-            store.close()
-            return 2 if isinstance(e, ImportError) else 1
-    sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval).start()
+    return Limits(max_connections=max_conns, request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
+                  max_header_bytes=args.max_header_bytes)
 
+
+def _stop_event_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT."""
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -170,10 +155,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    serve_in_thread(server)
+    return stop
+
+
+def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_port: int | None, faults: Faults,
+              limiter: RateLimiter | None) -> None:
+    """The start-up lines: key and addresses on stdout (tests and scripts read them), settings on stderr."""
     print(f"API key: {key}", flush=True)
     print(f"Spooled dev server listening on http://{host}:{port}", flush=True)
-    if grpc_server is not None:
+    if grpc_port is not None:
         print(f"Spooled gRPC listening on {host}:{grpc_port}", flush=True)
     extra = [f"db={args.db}"]
     if faults.active():
@@ -183,6 +173,41 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_workers is not None:
         extra.append(f"max_workers={args.max_workers}")
     print("dev server: " + " ".join(extra), file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    opened = _open_store(args)
+    if opened is None:
+        return 2
+    store, key = opened
+    cfg = ServerConfig(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
+                       max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,
+                       max_body_bytes=args.max_body_bytes)
+    faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)
+    limiter = RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None
+    app = App(store, cfg, faults, limiter)
+    limits = _connection_limits(args)
+    try:
+        server = make_server(app, args.host, args.port, limits)
+    except OSError as e:
+        print(f"error: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr, flush=True)
+        store.close()
+        return 1
+    host, port = server.server_address[:2]
+    grpc_server, grpc_port = None, None
+    if args.grpc_port is not None:
+        try:
+            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port)
+        except (ImportError, OSError) as e:
+            print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
+            server.server_close()
+            store.close()
+            return 2 if isinstance(e, ImportError) else 1
+    sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval).start()
+    stop = _stop_event_on_signals()
+    serve_in_thread(server)
+    _announce(args, key, host, port, grpc_port, faults, limiter)
     while not stop.wait(0.5):
         pass
     if grpc_server is not None:

@@ -6,6 +6,8 @@ Each handler takes (app, req) and returns (status, json_or_None, headers_or_None
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import jsonexact
 from .errors import HttpError, invalid_json, validation
 from .store import dumps
@@ -169,7 +171,7 @@ def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
     """Validate one job's fields (single create or a bulk item)."""
     defaults = defaults or {}
     present, payload = b.any("payload", required=True)
-    j = {"queue_name": queue, "payload": _json_text("payload", payload, app.cfg.max_payload_bytes)}
+    j: dict[str, Any] = {"queue_name": queue, "payload": _json_text("payload", payload, app.cfg.max_payload_bytes)}
     j["priority"] = b.int("priority", False, -100, 100, default=defaults.get("priority"))
     j["max_retries"] = b.int("max_retries", False, 0, 100, default=defaults.get("max_retries"))
     j["timeout_seconds"] = b.int("timeout_seconds", False, 1, 86400, default=defaults.get("timeout_seconds"))
@@ -198,7 +200,7 @@ def bulk_create(app, req):
     defaults = {"priority": b.int("default_priority", False, -100, 100),
                 "max_retries": b.int("default_max_retries", False, 0, 100),
                 "timeout_seconds": b.int("default_timeout_seconds", False, 1, 86400)}
-    items = []
+    items: list[tuple[int, dict | HttpError]] = []
     for i, raw in enumerate(jobs):
         try:
             items.append((i, _job_fields(app, Body(raw), queue, defaults)))

@@ -96,7 +96,8 @@ _CLAIM = ("UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?
           "queue_name=? AND status IN ('pending','scheduled') AND (scheduled_at IS NULL OR scheduled_at<=?) "
           "AND (expires_at IS NULL OR expires_at>?) AND (dependencies_met IS NULL OR dependencies_met=1) "
           "ORDER BY priority DESC, created_at LIMIT ?) "
-          "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, priority, created_at")
+          "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, priority, "
+          "created_at")
 
 
 def ts(t: float | None) -> str | None:
@@ -105,8 +106,8 @@ def ts(t: float | None) -> str | None:
         return None
     sec = int(t)
     g = time.gmtime(sec)
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (g.tm_year, g.tm_mon, g.tm_mday, g.tm_hour, g.tm_min,
-                                                     g.tm_sec, int((t - sec) * 1e6))
+    return (f"{g.tm_year:04d}-{g.tm_mon:02d}-{g.tm_mday:02d}T{g.tm_hour:02d}:{g.tm_min:02d}:{g.tm_sec:02d}."
+            f"{int((t - sec) * 1e6):06d}Z")
 
 
 def dumps(value) -> str:
@@ -128,7 +129,7 @@ def new_api_key() -> str:
 
 def job_dict(row) -> dict:
     out = {}
-    for col, v in zip(JOB_COLS, row):
+    for col, v in zip(JOB_COLS, row, strict=True):
         if col in _TIME_COLS:
             v = ts(v)
         elif col in _JSON_COLS:
@@ -151,7 +152,7 @@ def summary_dict(row) -> dict:
 
 
 def worker_dict(row, full: bool) -> dict:
-    w = dict(zip(WORKER_COLS, row))
+    w = dict(zip(WORKER_COLS, row, strict=True))
     base = {"id": w["id"], "queue_name": w["queue_name"], "hostname": w["hostname"], "status": w["status"],
             "current_jobs": w["current_jobs"], "max_concurrency": w["max_concurrency"],
             "last_heartbeat": ts(w["last_heartbeat"]), "jobs_processed": w["jobs_processed"],
@@ -300,7 +301,8 @@ class Store:
                 raise conflict("Billing email already in use")
             db.execute("INSERT INTO organizations VALUES (?,?,?,?,?,?,?)",
                        (org, name, slug, billing_email, "free", now, now))
-            db.execute("INSERT INTO api_keys VALUES (?,?,?,?,?)", (key_id, org, hash_key(key), "Initial Admin Key", now))
+            db.execute("INSERT INTO api_keys VALUES (?,?,?,?,?)",
+                       (key_id, org, hash_key(key), "Initial Admin Key", now))
         return {"organization": {"id": org, "name": name, "slug": slug, "plan_tier": "free",
                                  "billing_email": billing_email, "settings": {}, "created_at": ts(now),
                                  "updated_at": ts(now)},
@@ -411,7 +413,7 @@ class Store:
         with self._tx() as db:
             return self._insert_job(db, org, j, time.time())
 
-    def bulk_create(self, org: str, items: list) -> dict:
+    def bulk_create(self, org: str, items: list[tuple[int, dict | HttpError]]) -> dict:
         """items: list of (index, job dict) or (index, HttpError). All in one transaction."""
         succeeded, failed = [], []
         now = time.time()
@@ -477,8 +479,8 @@ class Store:
     def complete(self, org: str, job_id: str, worker_id: str, lease_id: str, result: str | None) -> None:
         now = time.time()
         with self._tx() as db:
-            cur = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? " + self._FENCE,
-                             (result, now, now, job_id, org, worker_id, now, lease_id))
+            cur = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? "
+                             + self._FENCE, (result, now, now, job_id, org, worker_id, now, lease_id))
             if cur.rowcount == 0:
                 raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired before completion")
             db.execute("UPDATE workers SET jobs_processed=jobs_processed+1 WHERE id=? AND organization_id=?",
@@ -590,18 +592,19 @@ class Store:
 
     def list_jobs(self, org: str, queue: str | None, statuses: list[str] | None, tag: str | None, limit: int,
                   offset: int, order_desc: bool = True) -> tuple[list[dict], bool]:
-        sql, args = _SUMMARY_SELECT + " WHERE organization_id=?", [org]
+        sql = _SUMMARY_SELECT + " WHERE organization_id=?"
+        args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
         if statuses:
-            sql += " AND status IN (%s)" % ",".join("?" * len(statuses))
+            sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args += statuses
         if tag:
             sql += (" AND tags IS NOT NULL AND json_valid(tags) AND EXISTS (SELECT 1 FROM json_each(jobs.tags) "
                     "WHERE json_each.value=? OR json_each.key=?)")
             args += [tag, tag]
-        sql += " ORDER BY created_at %s LIMIT ? OFFSET ?" % ("DESC" if order_desc else "ASC")
+        sql += f" ORDER BY created_at {'DESC' if order_desc else 'ASC'} LIMIT ? OFFSET ?"
         args += [limit + 1, offset]
         rows = self._read(sql, args)
         return [summary_dict(r) for r in rows[:limit]], len(rows) > limit
@@ -610,7 +613,7 @@ class Store:
         if not ids:
             return []
         rows = self._read("SELECT id, status, queue_name, retry_count, created_at, completed_at FROM jobs WHERE "
-                          "organization_id=? AND id IN (%s)" % ",".join("?" * len(ids)), [org, *ids])
+                          f"organization_id=? AND id IN ({','.join('?' * len(ids))})", [org, *ids])
         return [{"id": r[0], "status": r[1], "queue_name": r[2], "retry_count": r[3], "created_at": ts(r[4]),
                  "completed_at": ts(r[5])} for r in rows]
 
@@ -644,12 +647,13 @@ class Store:
 
     def dlq_retry(self, org: str, queue: str | None, job_ids: list[str] | None, limit: int) -> dict:
         now = time.time()
-        sql, args = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'", [org]
+        sql = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'"
+        args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
         if job_ids is not None:
-            sql += " AND id IN (%s)" % ",".join("?" * len(job_ids)) if job_ids else " AND 0"
+            sql += f" AND id IN ({','.join('?' * len(job_ids))})" if job_ids else " AND 0"
             args += job_ids
         sql += " ORDER BY created_at LIMIT ?"
         args.append(limit)
@@ -659,7 +663,8 @@ class Store:
         return {"retried_count": len(ids), "retried_jobs": ids, "skipped_jobs": [], "job_ids": ids}
 
     def dlq_purge(self, org: str, queue: str | None, older_than: float | None, limit: int) -> int:
-        sql, args = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'", [org]
+        sql = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'"
+        args: list[str | float] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
@@ -800,7 +805,8 @@ class Store:
                        (now, now))
             rows = db.execute("SELECT id, organization_id, queue_name, retry_count, max_retries, payload FROM jobs "
                               "WHERE status='processing' AND lease_expires_at<=?", (now,)).fetchall()
-            self._recover(db, rows, now, "Lease expired (worker timeout)", "Max retries exceeded after lease expiration")
+            self._recover(db, rows, now, "Lease expired (worker timeout)",
+                          "Max retries exceeded after lease expiration")
         return len(rows)
 
     def _recover(self, db, rows, now, retry_msg, dead_msg):
