@@ -317,7 +317,7 @@ def run(args) -> dict:
 def api_sections(args) -> dict:
     """The API-latency, fleet and request-budget sections of benchmarks/bench_api.py, in this run."""
     q = args.quick
-    api_args = bench_api.main_args(["--quick"] if q else [])
+    api_args = bench_api.main_args((["--quick"] if q else []) + (["--baseline", args.baseline] if args.baseline else []))
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
         log("api: latency 0 / 20 / 50 ms")
@@ -460,6 +460,8 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", help="also write the table here (default benchmarks/RESULTS.md for a full run)")
     ap.add_argument("--no-markdown", action="store_true", help="write no markdown")
     ap.add_argument("--no-api", action="store_true", help="skip the API-latency, fleet and budget sections")
+    ap.add_argument("--baseline", help="a checkout of an older commit whose daemon runs beside ours in the API "
+                    "sections (e.g. `git worktree add ../baseline <commit>`)")
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
     q = args.quick
