@@ -317,7 +317,8 @@ def run(args) -> dict:
 def api_sections(args) -> dict:
     """The API-latency, fleet and request-budget sections of benchmarks/bench_api.py, in this run."""
     q = args.quick
-    api_args = bench_api.main_args((["--quick"] if q else []) + (["--baseline", args.baseline] if args.baseline else []))
+    flags = (["--quick"] if q else []) + (["--baseline", args.baseline] if args.baseline else [])
+    api_args = bench_api.main_args(flags)
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
         log("api: latency 0 / 20 / 50 ms")
