@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.client import loophttp
 from supervisor.client import rest as api
-from supervisor.client.httpconn import parse_response
+from supervisor.client.httpconn import FramingError, ResponseReader
 
 
 def run_until_done(client: loophttp.LoopHTTP, sel: selectors.BaseSelector, wake_r: int, timeout: float = 10.0):
@@ -93,26 +93,33 @@ def test_refused_and_silent_servers_end_in_unavailable():
     silent.close()
 
 
-def test_parse_response_framings():
+def parse_response(data: bytes, eof: bool = False):
+    """The answer framed from `data` (fed whole, then the end if `eof`), or None while incomplete."""
+    reader = ResponseReader()
+    response = reader.feed(data)
+    return reader.feed_eof() if response is None and eof else response
+
+
+def test_response_framings():
     head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
     whole = head + b"Content-Length: 2\r\n\r\n{}"
-    assert parse_response(bytearray(whole[:-1]), "POST") is None
-    response, used = parse_response(bytearray(whole + b"HTTP/1.1"), "POST")
-    assert response.status == 200 and response.body == b"{}" and used == len(whole)
+    assert parse_response(whole[:-1]) is None
+    response = parse_response(whole)
+    assert response.status == 200 and response.body == b"{}" and not response.close
+    assert parse_response(whole + b"HTTP/1.1").close  # bytes after the answer end the connection
     chunked = head + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
-    response, used = parse_response(bytearray(chunked), "POST")
-    assert response.body == b"abcde" and used == len(chunked)
-    assert parse_response(bytearray(chunked[:-3]), "POST") is None
+    assert parse_response(chunked).body == b"abcde"
+    assert parse_response(chunked[:-3]) is None
     closing = head + b"\r\npartial body"
-    assert parse_response(bytearray(closing), "POST") is None
-    response, _ = parse_response(bytearray(closing), "POST", eof=True)
+    assert parse_response(closing) is None
+    response = parse_response(closing, eof=True)
     assert response.body == b"partial body" and response.close
-    response, _ = parse_response(bytearray(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n"), "POST")
+    response = parse_response(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n")
     assert response.status == 204 and response.body == b""
-    with pytest.raises(ValueError):
-        parse_response(bytearray(b"garbage\r\n\r\n"), "POST")
-    with pytest.raises(ValueError):
-        parse_response(bytearray(head + b"Content-Length: 10\r\n\r\nshort"), "POST", eof=True)
+    with pytest.raises(FramingError):
+        parse_response(b"garbage\r\n\r\n")
+    with pytest.raises(FramingError):
+        parse_response(head + b"Content-Length: 10\r\n\r\nshort", eof=True)
 
 
 def one_shot_server(answer: bytes | None):

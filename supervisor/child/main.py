@@ -16,8 +16,7 @@ import socket
 import sys
 import traceback
 
-import orjson
-
+from supervisor import exactjson
 from supervisor.child import group, wire
 from supervisor.child.handler import JobContext, call_handler, load_handler
 
@@ -84,7 +83,9 @@ def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
 
 
 def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
-    """Run one job and build the `done` message; never raises (SystemExit included)."""
+    """Run one job and build the `done` message; never raises (SystemExit included). The result is encoded
+    here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
+    the job with `ResultNotSerializable: <value> at result[...] is not valid JSON`."""
     ctx = JobContext.from_claim(job, worker_id)
     try:
         result = call_handler(handler, ctx)
@@ -93,12 +94,12 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     except BaseException as exc:  # KeyboardInterrupt included: the job fails, the child lives
         return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
     try:
-        encoded = orjson.dumps(result)
-    except TypeError as exc:
-        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"}
+        encoded = exactjson.dumps_strict(result, "result")
+    except exactjson.NotJSON as exc:
+        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultNotSerializable: {exc}"[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
         return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the {max_result_bytes} byte limit"}
-    return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
+    return {"t": "done", "id": job["id"], "ok": True, "result": wire.RawJSON(encoded)}
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,

@@ -6,6 +6,11 @@ selector with data `("http", conn)`; the loop passes those events to `on_ready`,
 triples, where `error` is an `ApiError` (network trouble is `Unavailable`). Every call has a
 deadline of the API timeout, connecting and TLS included. Host names other than IP literals
 and localhost are resolved on a helper thread, so DNS never blocks the loop either.
+
+Answers are framed incrementally by each connection's `ResponseReader` (llhttp, see httpconn): a
+body is never re-parsed, an answer may arrive a byte at a time, interim 1xx answers are skipped.
+A malformed answer closes its connection and fails the call as `Unavailable` (code BAD_FRAMING),
+which the parent retries like any network error; the next call opens a fresh connection.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import threading
 import time
 
 from supervisor.backoff import backoff
-from supervisor.client.httpconn import build_request, header_block, parse_response
+from supervisor.client.httpconn import FramingError, ResponseReader, build_request, header_block
 from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
 
 _READ = 65536
@@ -29,14 +34,14 @@ _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
 
 
 class _Conn:
-    __slots__ = ("sock", "state", "tag", "call", "out", "inbuf", "started", "deadline", "reused", "resent", "events")
+    __slots__ = ("sock", "state", "tag", "call", "out", "reader", "started", "deadline", "reused", "resent", "events")
 
     def __init__(self):
         self.sock: socket.socket | None = None
         self.state = "closed"  # connecting -> handshake -> sending -> receiving -> idle
         self.tag = self.call = None
         self.out = memoryview(b"")
-        self.inbuf = bytearray()
+        self.reader = ResponseReader()
         self.started = self.deadline = 0.0
         self.reused = self.resent = False
         self.events = 0
@@ -125,7 +130,7 @@ class LoopHTTP:
     def _send_request(self, conn: _Conn) -> None:
         call = conn.call
         conn.out = memoryview(build_request(call.method, call.path, self.fixed_headers, call.body))
-        conn.inbuf.clear()
+        conn.reader.expect()
         conn.state = "sending"
         self._on_writable(conn)
 
@@ -165,7 +170,7 @@ class LoopHTTP:
         except OSError as exc:
             return self._fail(conn, network_error(exc, self.api.base_url))
         conn.sock, conn.state, conn.reused = sock, "connecting", False
-        conn.inbuf.clear()
+        conn.reader = ResponseReader()
         err = sock.connect_ex(addr)
         if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
             self._connect_failed()
@@ -210,6 +215,8 @@ class LoopHTTP:
                 self._on_readable(conn)
         except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
             self._watch(conn, _R if isinstance(want, ssl.SSLWantReadError) else _W)
+        except FramingError as exc:
+            self._fail(conn, Unavailable(0, "BAD_FRAMING", f"{exc} (from {self.api.base_url})"))
         except (OSError, ValueError) as exc:
             self._fail(conn, network_error(exc, self.api.base_url))
 
@@ -230,8 +237,10 @@ class LoopHTTP:
         self._watch(conn, _R)
 
     def _on_readable(self, conn: _Conn) -> None:
-        eof = False
-        while True:
+        if conn.state == "idle":
+            return self._on_idle_readable(conn)
+        reader, response, eof = conn.reader, None, False
+        while response is None:
             try:
                 chunk = conn.sock.recv(_READ)
             except (BlockingIOError, ssl.SSLWantReadError):
@@ -239,27 +248,44 @@ class LoopHTTP:
             if not chunk:
                 eof = True
                 break
-            conn.inbuf += chunk
-        if conn.state == "idle":
-            if eof or conn.inbuf:  # the server closed a kept-alive connection (or sent garbage)
-                self._close(conn)
-            else:  # a TLS record with no data (a session ticket, a key update): nothing to do
-                self._watch(conn, _R)
-            return
-        if eof and not conn.inbuf and conn.reused:
-            if not conn.resent and conn.call.resend_on_stale:
-                return self._resend(conn)
-            return self._fail(conn, Unavailable(0, "CONNECTION_RESET", f"connection to {self.api.base_url} closed before the answer"))
-        got = parse_response(conn.inbuf, conn.call.method, eof)
-        if got is None:
-            if eof:
-                raise ConnectionResetError("connection closed in the middle of the answer")
+            response = reader.feed(chunk)
+        if response is None and eof:
+            if not reader.started and conn.reused:
+                if not conn.resent and conn.call.resend_on_stale:
+                    return self._resend(conn)
+                return self._fail(conn, Unavailable(0, "CONNECTION_RESET",
+                                                    f"connection to {self.api.base_url} closed before the answer"))
+            response = reader.feed_eof()
+            if response is None:
+                raise ConnectionResetError("connection closed before the answer")
+        if response is None:
             return self._watch(conn, _R)  # after a TLS want-write, go back to waiting for the answer
-        response, used = got
-        del conn.inbuf[:used]
+        self._answered(conn, response, eof)
+
+    @staticmethod
+    def _more_after_answer(conn: _Conn) -> bool:
+        """Bytes (or the end) already behind a whole answer: never take them for the next call's answer."""
+        try:
+            conn.sock.recv(1)  # a byte, or b"" for the end: either way the connection is done
+        except (BlockingIOError, ssl.SSLWantReadError):
+            return False
+        except OSError:
+            pass
+        return True
+
+    def _on_idle_readable(self, conn: _Conn) -> None:
+        """Bytes or the end on a kept-alive connection between calls: the server closed it (or sent garbage)."""
+        try:
+            chunk = conn.sock.recv(_READ)
+        except (BlockingIOError, ssl.SSLWantReadError):  # a TLS record with no data (a ticket, a key update)
+            return self._watch(conn, _R)
+        del chunk
+        self._close(conn)
+
+    def _answered(self, conn: _Conn, response, eof: bool) -> None:
         tag, call, started = conn.tag, conn.call, conn.started
         conn.tag = conn.call = None
-        if response.close or eof or conn.inbuf:
+        if response.close or eof or self._more_after_answer(conn):
             self._close(conn)
         else:
             conn.state = "idle"
@@ -311,7 +337,6 @@ class LoopHTTP:
             except OSError:
                 pass
         conn.sock, conn.state, conn.events = None, "closed", 0
-        conn.inbuf.clear()
 
     def _close(self, conn: _Conn) -> None:
         self._drop_socket(conn)

@@ -1,8 +1,23 @@
-"""The Spooled REST client: one method per route, typed errors, one attempt per call.
+"""The Spooled REST client: one method per route, typed errors.
 
-Retrying is the caller's business (the parent loop schedules it, so no thread ever sleeps
-in a back-off). Each thread keeps its own keep-alive connection. The API key lives only
-in the Authorization header; it never appears in an exception, a repr or a log line.
+Two transports send the same `Call`s. The parent's loop sends them on non-blocking sockets
+(supervisor.client.loophttp) and schedules every retry itself, so no thread sleeps in a back-off.
+`execute` blocks, for the command-line paths (`enqueue`, `demo`) and the parent's final deregister;
+it uses `requests` with one Session (a kept-alive connection pool) per SpooledAPI:
+
+- every attempt has a timeout: connecting and each read within `timeout` seconds;
+- idempotent calls (GET, and calls marked `retry_safe`: deregister, a create with an idempotency key)
+  are tried up to 3 times on a network error, 408 or 502/503/504, with a short back-off; others (a
+  claim, a bulk create without a key) are sent once, never resent blindly;
+- `execute(call, timeout=t)` (the final deregister) is one attempt on a fresh connection that returns
+  or raises Unavailable within `t` seconds whatever the server does (a connect that hangs, an answer
+  trickled a byte at a time): it runs on a helper thread joined for `t`. The parent makes two such
+  attempts of at most 5 s, after its loop has stopped, so the blocking is bounded and off the loop;
+- environment proxies, .netrc and REQUESTS_CA_BUNDLE are ignored (trust_env off), as in the loop's
+  client: the key goes only to the API URL, checked against the same CAs (`--ca-bundle` or the system's).
+
+The API key lives only in the Authorization header; it never appears in an exception (ours carry text
+only, never a requests exception or the request it holds), a repr or a log line.
 """
 
 from __future__ import annotations
@@ -12,12 +27,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote, urlsplit
 
-import orjson
+import requests
+import requests.adapters
 
-from supervisor import __version__
-from supervisor.client.httpconn import Connection, StaleConnection
+from supervisor import __version__, exactjson
+from supervisor.backoff import backoff
+from supervisor.client.httpconn import Response
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -133,6 +151,11 @@ class Call:
     job_route: bool = False
     resend_on_stale: bool = True
     answer: Callable | None = None
+    retry_safe: bool = False  # sending it twice does no harm: the blocking path may retry it
+
+    @property
+    def idempotent(self) -> bool:
+        return self.method == "GET" or self.retry_safe
 
 
 def network_error(exc: BaseException, base_url: str) -> Unavailable:
@@ -140,9 +163,29 @@ def network_error(exc: BaseException, base_url: str) -> Unavailable:
     return Unavailable(0, kind, f"{type(exc).__name__} talking to {base_url}: {exc}")
 
 
+RETRY_STATUSES = (408, 502, 503, 504)
+BLOCKING_ATTEMPTS = 3
+
+
+class _Adapter(requests.adapters.HTTPAdapter):
+    """requests' adapter, trusting exactly `ssl_context` (the loop client's CAs), never retrying by itself."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None):
+        self._ssl_context = ssl_context
+        super().__init__(max_retries=0)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        if self._ssl_context is not None:
+            kwargs["ssl_context"] = self._ssl_context
+        super().init_poolmanager(*args, **kwargs)
+
+    def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
+        conn.cert_reqs = "CERT_REQUIRED"  # which CAs: the ssl_context's; never requests' own bundle
+
+
 class SpooledAPI:
-    """Builds `Call`s for every route and runs them: `execute` blocks (one kept-alive connection per
-    thread); the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
+    """Builds `Call`s for every route and runs them: `execute` blocks (requests, see the module's docstring);
+    the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None):
@@ -154,65 +197,131 @@ class SpooledAPI:
         self.host = parts.hostname
         self.port = parts.port or (443 if self.https else 80)
         self.prefix = parts.path.rstrip("/")
+        self.origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
         self.timeout = timeout
+        self.ca_bundle = ca_bundle
         self.ssl_context = ssl.create_default_context(cafile=ca_bundle) if self.https else None
         self.headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",
                         "Accept": "application/json", "User-Agent": USER_AGENT}
-        self._local = threading.local()
+        self._key = api_key.value
+        self._session: requests.Session | None = None
         self.on_request = on_request
 
     def __repr__(self) -> str:
         return f"SpooledAPI({self.base_url!r})"
 
     def call(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
-             resend_on_stale: bool = True, answer: Callable | None = None) -> Call:
-        data = b"" if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
-        return Call(method, self.prefix + path, data, route or path, job_route, resend_on_stale, answer)
+             resend_on_stale: bool = True, answer: Callable | None = None, retry_safe: bool = False) -> Call:
+        data = b"" if body is None else (body if isinstance(body, bytes) else exactjson.dumps(body))
+        return Call(method, self.prefix + path, data, route or path, job_route, resend_on_stale, answer, retry_safe)
 
     def result(self, call: Call, response) -> object:
-        """The decoded answer of a 2xx reply (through `call.answer`), or raise the typed ApiError."""
+        """The decoded answer of a 2xx reply (through `call.answer`), or raise the typed ApiError.
+        Integers of any size in the answer come back exact."""
         payload = None
         if response.body:
             try:
-                payload = orjson.loads(response.body)
-            except orjson.JSONDecodeError:
+                payload = exactjson.loads(response.body)
+            except ValueError:
                 payload = {"message": response.body[:200].decode("utf-8", "replace")}
         if 200 <= response.status < 300:
             return call.answer(payload) if call.answer else payload
         raise classify(response.status, payload if isinstance(payload, dict) else {}, _Headers(response.headers),
                        call.job_route)
 
-    def execute(self, call: Call, timeout: float | None = None):
-        """Send `call` on this thread's connection (or, with `timeout`, a fresh one with that timeout) and
-        return its result; raise ApiError otherwise."""
+    # ------------------------------------------------------------ blocking transport
+    def _new_session(self) -> requests.Session:
+        session = requests.Session()
+        session.trust_env = False
+        session.headers.clear()
+        session.headers.update(self.headers)
+        adapter = _Adapter(ssl.create_default_context(cafile=self.ca_bundle) if self.https else None)
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+        return session
+
+    @property
+    def session(self) -> requests.Session:
+        if self._session is None:
+            self._session = self._new_session()
+        return self._session
+
+    def close(self) -> None:
+        """Close the blocking path's kept-alive connections."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def _transport_error(self, exc: BaseException) -> Unavailable:
+        """Our error for a failed exchange: its text only, never the exception (which holds the request)."""
+        kind = "TIMEOUT" if isinstance(exc, requests.Timeout | TimeoutError) else "NETWORK_ERROR"
+        detail = self._scrub(str(exc))[:300]
+        return Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {detail}")
+
+    def _send(self, session: requests.Session, call: Call, timeout: float) -> object:
+        """One attempt: the result, or the typed ApiError."""
         started = time.monotonic()
-        status = 0
-        if timeout is not None:
-            conn = Connection(self.host, self.port, timeout, self.ssl_context)
-        else:
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = self._local.conn = Connection(self.host, self.port, self.timeout, self.ssl_context)
+        status, failure, response = 0, None, None
         try:
-            try:
-                response = conn.request(call.method, call.path, self.headers, call.body)
-            except StaleConnection:
-                if not call.resend_on_stale:
-                    raise Unavailable(0, "CONNECTION_RESET", f"connection to {self.base_url} closed before the answer") from None
-                response = conn.request(call.method, call.path, self.headers, call.body)
-            status = response.status
-            return self.result(call, response)
-        except (OSError, ValueError) as exc:
-            raise network_error(exc, self.base_url) from None
+            r = session.request(call.method, self.origin + call.path, data=call.body or None, timeout=(timeout, timeout),
+                                allow_redirects=False)
+            status = r.status_code
+            response = Response(status, {k.lower(): v for k, v in r.headers.items()}, r.content, False)
+        except Exception as exc:  # requests', urllib3's and http.client's errors alike: the call failed
+            failure = self._transport_error(exc)
         finally:
-            if timeout is not None:
-                conn.close()
             if self.on_request is not None:
                 self.on_request(call.route, status, time.monotonic() - started)
+        if failure is not None:
+            raise failure  # outside the except block: no __context__ pointing at the request
+        return self.result(call, response)
+
+    def execute(self, call: Call, timeout: float | None = None):
+        """Send `call` and return its result; raise ApiError otherwise. Without `timeout`: on the shared
+        session, with the API timeout, idempotent calls retried. With `timeout`: one attempt on a fresh
+        connection, done within `timeout` seconds."""
+        if timeout is not None:
+            return self._bounded(call, timeout)
+        attempts = BLOCKING_ATTEMPTS if call.idempotent else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._send(self.session, call, self.timeout)
+            except Unavailable as exc:
+                if attempt == attempts or (exc.status and exc.status not in RETRY_STATUSES):
+                    raise
+                time.sleep(exc.retry_after if exc.retry_after is not None and exc.retry_after <= 2
+                           else backoff(attempt, 0.2, 1.0))
+        raise AssertionError("unreachable")
+
+    def _bounded(self, call: Call, timeout: float):
+        outcome: dict[str, Any] = {}
+        session = self._new_session()
+
+        def attempt() -> None:
+            try:
+                outcome["result"] = self._send(session, call, timeout)
+            except ApiError as exc:
+                outcome["error"] = exc
+            except Exception as exc:  # e.g. an `answer` that cannot read the reply
+                outcome["error"] = Unavailable(0, "BAD_ANSWER", f"{type(exc).__name__}: {self._scrub(str(exc))[:200]}")
+            finally:
+                session.close()
+
+        worker = threading.Thread(target=attempt, name=f"api-{call.route}", daemon=True)
+        worker.start()
+        worker.join(timeout)
+        if worker.is_alive():
+            raise Unavailable(0, "TIMEOUT", f"no answer from {self.base_url} within {timeout:g} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("result")
 
     def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
-                resend_on_stale: bool = True):
-        return self.execute(self.call(method, path, body, route, job_route, resend_on_stale))
+                resend_on_stale: bool = True, retry_safe: bool = False):
+        return self.execute(self.call(method, path, body, route, job_route, resend_on_stale, retry_safe=retry_safe))
 
     # -- worker routes --
     def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int, metadata: dict,
@@ -238,8 +347,9 @@ class SpooledAPI:
         return self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
 
     def deregister(self, worker_id: str, timeout: float | None = None) -> None:
+        """Blocking; with `timeout`, one attempt bounded by it (see the module's docstring). Safe to repeat."""
         self.execute(self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/deregister", None,
-                               route="deregister"), timeout)
+                               route="deregister", retry_safe=True), timeout)
 
     # -- job routes --
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> Call:
@@ -275,4 +385,5 @@ class SpooledAPI:
 
     def create_job(self, queue: str, payload, **fields) -> dict:
         body = {"queue_name": queue, "payload": payload, **{k: v for k, v in fields.items() if v is not None}}
-        return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale="idempotency_key" in fields)
+        keyed = fields.get("idempotency_key") is not None
+        return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale=keyed, retry_safe=keyed)

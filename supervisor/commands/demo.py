@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="spooled-demo-") as tmp:
         server, url = start_dev_server(os.path.join(tmp, "demo.db"), key)
         daemon = None
+        client: SpooledAPI | None = None
         try:
             client = SpooledAPI(url, Secret(key))
             print(f"dev server at {url}; enqueuing {args.jobs} jobs of {args.ms:g} ms CPU each on queue '{QUEUE}'")
@@ -113,6 +114,8 @@ def main(argv: list[str]) -> int:
                 return 1
             return 0
         finally:
+            if client is not None:
+                client.close()
             if daemon is not None and daemon.poll() is None:
                 daemon.kill()
             server.terminate()

@@ -1,4 +1,9 @@
-"""`python -m supervisor enqueue`: submit jobs to any Spooled API (bulk, 100 at a time)."""
+"""`python -m supervisor enqueue`: submit jobs to any Spooled API (bulk, 100 at a time).
+
+Blocking HTTP through `requests` (SpooledAPI.execute): a kept-alive session, a timeout on every
+attempt; a bulk create has no idempotency key, so it is sent once, never resent. The payload's
+integers are kept exact, whatever their size.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,7 @@ import argparse
 import os
 import sys
 
-import orjson
-
+from supervisor import exactjson
 from supervisor.client.rest import ApiError, SpooledAPI
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
@@ -47,8 +51,8 @@ def enqueue(client: SpooledAPI, queue: str, payload, count: int, **fields) -> li
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        payload = orjson.loads(args.payload)
-    except orjson.JSONDecodeError as exc:
+        payload = exactjson.loads(args.payload)
+    except ValueError as exc:
         sys.stderr.write(f"error: --payload is not valid JSON: {exc}\n")
         return 2
     if args.count < 1:
@@ -66,6 +70,8 @@ def main(argv: list[str]) -> int:
     except ApiError as exc:
         sys.stderr.write(f"error: the API refused the jobs: {exc}\n")
         return 1
+    finally:
+        client.close()
     if not args.quiet:
         sys.stdout.write("".join(f"{job_id}\n" for job_id in ids))
     sys.stderr.write(f"enqueued {len(ids)} job(s) on {args.queue}\n")

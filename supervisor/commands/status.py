@@ -1,17 +1,18 @@
 """`python -m supervisor status`: a running daemon's children as a table, read from its health port.
 
 Exit codes: 0 printed, 1 the daemon could not be reached or answered badly, 2 usage error.
+The snapshot is one GET through `requests` (a timeout; one retry on a network error; no proxy from
+the environment, since the health port is usually on loopback).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
+
+import requests
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,17 +44,27 @@ def status_url(args: argparse.Namespace) -> str | None:
     return f"http://{host}:{port}/status"
 
 
-def fetch(url: str, timeout: float) -> dict:
+def fetch(url: str, timeout: float, attempts: int = 2) -> dict:
     """GET the snapshot; raises OSError/ValueError with a readable message."""
+    with requests.Session() as session:
+        session.trust_env = False
+        resp = _get(session, url, timeout, attempts)
+    if resp.status_code != 200:
+        raise OSError(f"HTTP {resp.status_code} from {url}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.load(resp)
-    except urllib.error.HTTPError as exc:
-        raise OSError(f"HTTP {exc.code} from {url}") from None
-    except urllib.error.URLError as exc:
-        raise OSError(f"{exc.reason}") from None
-    except http.client.HTTPException as exc:
-        raise OSError(f"bad HTTP answer: {exc!r}") from None
+        return json.loads(resp.content)
+    except ValueError:
+        raise ValueError(f"not JSON: {resp.content[:80]!r}") from None
+
+
+def _get(session: requests.Session, url: str, timeout: float, attempts: int) -> requests.Response:
+    problem = "no attempt made"
+    for _ in range(attempts):
+        try:
+            return session.get(url, timeout=(timeout, timeout), allow_redirects=False)
+        except requests.RequestException as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    raise OSError(problem)
 
 
 def fmt_runtime(secs: float | None) -> str:
