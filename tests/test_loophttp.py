@@ -118,7 +118,7 @@ def test_response_framings():
     assert response.status == 204 and response.body == b""
     with pytest.raises(FramingError):
         parse_response(b"garbage\r\n\r\n")
-    with pytest.raises(FramingError):
+    with pytest.raises(ConnectionResetError):
         parse_response(head + b"Content-Length: 10\r\n\r\nshort", eof=True)
 
 

@@ -85,7 +85,7 @@ def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
 def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     """Run one job and build the `done` message; never raises (SystemExit included). The result is encoded
     here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
-    the job with `ResultNotSerializable: <value> at result[...] is not valid JSON`."""
+    the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`."""
     ctx = JobContext.from_claim(job, worker_id)
     try:
         result = call_handler(handler, ctx)
@@ -96,7 +96,8 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
-        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultNotSerializable: {exc}"[:ERROR_LIMIT]}
+        error = f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"
+        return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
         return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the {max_result_bytes} byte limit"}
     return {"t": "done", "id": job["id"], "ok": True, "result": wire.RawJSON(encoded)}

@@ -15,8 +15,8 @@ it hands back the final answer once it is whole:
 - an HTTP/1.0 answer, `Connection: close`, a body framed by the connection's end, or bytes after the
   answer end the connection once the answer is read (`Response.close`).
 
-Anything malformed raises `FramingError` (a ValueError): the caller closes the connection and treats
-the call as a network error.
+Anything malformed raises `FramingError` (a ValueError), an answer cut off by the connection's end
+ConnectionResetError: either way the caller closes the connection and treats the call as a network error.
 """
 
 from __future__ import annotations
@@ -97,7 +97,8 @@ class ResponseReader:
         return self._feed(data)
 
     def feed_eof(self) -> Response | None:
-        """The peer closed the connection. None if no byte of the answer had come (a stale connection)."""
+        """The peer closed the connection. None if no byte of the answer had come (a stale connection);
+        ConnectionResetError if the answer was cut off."""
         if self._final is not None:
             return self._final
         if not self._fed:
@@ -106,7 +107,7 @@ class ResponseReader:
             self._final = Response(self._status, self._headers, bytes(self._body), True)
             return self._final
         where = "body" if self._head_done else "headers"
-        raise FramingError(f"connection closed in the middle of the answer's {where}")
+        raise ConnectionResetError(f"connection closed in the middle of the answer's {where}")
 
     def _feed(self, data) -> Response | None:
         try:
