@@ -138,7 +138,8 @@ def find_not_json(value: Any, name: str = "value", floats_only: bool = False) ->
             if isinstance(item, dict):
                 for key, sub in item.items():
                     if not isinstance(key, str) and not floats_only:
-                        return f"the key {describe(key)} in {_render(name, node)} is not a string, which JSON keys must be"
+                        where = _render(name, node)
+                        return f"the key {describe(key)} in {where} is not a string, which JSON keys must be"
                     stack.append((sub, (node, key)))
             else:
                 stack.extend((sub, (node, i)) for i, sub in enumerate(item))

@@ -9,11 +9,14 @@ raw answer, in which line breaks are ignored, `\\r`, `\\n`, `\\xHH` are escapes 
 from __future__ import annotations
 
 import codecs
+import json
 import re
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+import requests
 
 CASES_DIR = Path(__file__).parent / "http_cases" / "responses"
 GOOD_ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"jobs":[]}'
@@ -74,16 +77,12 @@ def read_request(conn: socket.socket, buf: bytearray) -> bytes | None:
     return request
 
 
-@dataclass
-class MisbehavingServer:
-    """Answers the first request it gets with `case.raw` (dripped if the case says so), every other request
-    with GOOD_ANSWER; counts the connections it accepts. Use as a context manager."""
+class LoopbackServer:
+    """Accepts connections on a free loopback port, each served by `_serve` on its own thread, until the
+    `with` block ends (every connection is closed then)."""
 
-    case: Case
-    connections: int = 0
-    requests: list[bytes] = field(default_factory=list)
-
-    def __post_init__(self):
+    def __init__(self):
+        self.connections = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -94,7 +93,7 @@ class MisbehavingServer:
         self.open: list[socket.socket] = []
         self.thread = threading.Thread(target=self._accept, daemon=True)
 
-    def __enter__(self) -> MisbehavingServer:
+    def __enter__(self):
         self.thread.start()
         return self
 
@@ -120,6 +119,19 @@ class MisbehavingServer:
                 self.connections += 1
                 self.open.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class MisbehavingServer(LoopbackServer):
+    """Answers the first request it gets with `case.raw` (dripped if the case says so), every other request
+    with GOOD_ANSWER; counts the connections it accepts."""
+
+    def __init__(self, case: Case):
+        super().__init__()
+        self.case = case
+        self.requests: list[bytes] = []
 
     def _send(self, conn: socket.socket, data: bytes, drip: int) -> None:
         if not drip:
@@ -152,3 +164,67 @@ class MisbehavingServer:
             return
         finally:
             conn.close()
+
+
+class ForwardingProxy(LoopbackServer):
+    """An HTTP/1.1 front for the dev server that the daemon talks to. `first_claim`: the first claim answer
+    holding jobs is passed through it (e.g. `interim_flood`) before it is sent. `fake_job`: the first claim is
+    answered here with that job, and its complete call is answered here too, its raw body kept in
+    `completed` (the dev server never sees the job). Everything else goes to `upstream` unchanged."""
+
+    def __init__(self, upstream: str, first_claim=None, fake_job: dict | None = None):
+        super().__init__()
+        self.upstream = upstream
+        self.first_claim = first_claim
+        self.fake_job = fake_job
+        self.claims_changed = 0
+        self.completed: list[bytes] = []
+
+    def _answer(self, request: bytes) -> bytes:
+        head, _, body = request.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        fake = self.fake_job
+        if fake is not None and path.endswith("/api/v1/jobs/claim") and fake.get("served") is None:
+            fake["served"] = True
+            job = {k: v for k, v in fake.items() if k != "served"}
+            return _ok(json.dumps({"jobs": [job]}).encode())
+        if fake is not None and path.endswith(f"/api/v1/jobs/{fake['id']}/complete"):
+            self.completed.append(body)
+            return _ok(b'{"success":true}')
+        forward = {k: v for k, v in headers.items() if k.lower() in ("authorization", "content-type")}
+        r = requests.request(method, self.upstream + path, data=body, headers=forward, timeout=10)
+        answer = b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            r.status_code, len(r.content), r.content)
+        claim_with_jobs = path.endswith("/api/v1/jobs/claim") and b'"id"' in r.content
+        if self.first_claim and not self.claims_changed and claim_with_jobs:
+            self.claims_changed += 1
+            answer = self.first_claim(answer)
+        return answer
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                request = read_request(conn, buf)
+                if request is None:
+                    return
+                conn.sendall(self._answer(request))
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+
+def interim_flood(answer: bytes, count: int = 500) -> bytes:
+    return b"HTTP/1.1 100 Continue\r\n\r\n" * count + answer
+
+
+def with_chunked_too(answer: bytes) -> bytes:
+    """The answer with a `Transfer-Encoding: chunked` beside its Content-Length: malformed framing."""
+    return answer.replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: chunked\r\n\r\n", 1)
+
+
+def _ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)

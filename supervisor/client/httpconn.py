@@ -40,7 +40,8 @@ class Response:
 
 def header_block(host_header: str, headers: dict[str, str]) -> bytes:
     """The headers every request repeats, encoded once; ends with the blank line."""
-    return "".join([f"Host: {host_header}\r\n", *(f"{k}: {v}\r\n" for k, v in headers.items()), "\r\n"]).encode("latin-1")
+    lines = [f"Host: {host_header}\r\n", *(f"{k}: {v}\r\n" for k, v in headers.items()), "\r\n"]
+    return "".join(lines).encode("latin-1")
 
 
 def build_request(method: str, path: str, fixed_headers: bytes, body: bytes) -> bytes:

@@ -90,10 +90,12 @@ class LoopHTTP:
         """Fail every call whose deadline has passed, then send what waits."""
         for conn in list(self.conns):
             if conn.call is not None and now >= conn.deadline:
-                self._fail(conn, Unavailable(0, "TIMEOUT", f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
+                self._fail(conn, Unavailable(0, "TIMEOUT",
+                                             f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
         for item in [i for i in self.queue if now >= i[2]]:
             self.queue.remove(item)
-            reason = f"cannot resolve {self.api.host}: {self.resolve_error}" if self.resolve_error else "no free connection"
+            reason = (f"cannot resolve {self.api.host}: {self.resolve_error}" if self.resolve_error
+                      else "no free connection")
             self._result(item[0], item[1], now - self.api.timeout, error=Unavailable(0, "TIMEOUT", reason))
         self.pump(now)
 

@@ -45,7 +45,8 @@ class ApiError(Exception):
 
     retryable = False
 
-    def __init__(self, status: int, code: str, message: str, body: dict | None = None, retry_after: float | None = None):
+    def __init__(self, status: int, code: str, message: str, body: dict | None = None,
+                 retry_after: float | None = None):
         super().__init__(f"{status} {code}: {message}" if status else f"{code}: {message}")
         self.status = status
         self.code = code
@@ -266,8 +267,8 @@ class SpooledAPI:
         started = time.monotonic()
         status, failure, response = 0, None, None
         try:
-            r = session.request(call.method, self.origin + call.path, data=call.body or None, timeout=(timeout, timeout),
-                                allow_redirects=False)
+            r = session.request(call.method, self.origin + call.path, data=call.body or None,
+                                timeout=(timeout, timeout), allow_redirects=False)
             status = r.status_code
             response = Response(status, {k.lower(): v for k, v in r.headers.items()}, r.content, False)
         except Exception as exc:  # requests', urllib3's and http.client's errors alike: the call failed
@@ -344,7 +345,8 @@ class SpooledAPI:
             body["cpu_percent"] = cpu_percent
         if memory_percent is not None:
             body["memory_percent"] = memory_percent
-        return self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body, route="worker_heartbeat")
+        return self.call("POST", f"/api/v1/workers/{quote(worker_id, safe='')}/heartbeat", body,
+                         route="worker_heartbeat")
 
     def deregister(self, worker_id: str, timeout: float | None = None) -> None:
         """Blocking; with `timeout`, one attempt bounded by it (see the module's docstring). Safe to repeat."""
@@ -353,7 +355,8 @@ class SpooledAPI:
 
     # -- job routes --
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> Call:
-        body = {"queue_name": queue, "worker_id": worker_id, "limit": max(1, min(100, limit)), "lease_duration_secs": lease_secs}
+        body = {"queue_name": queue, "worker_id": worker_id, "limit": max(1, min(100, limit)),
+                "lease_duration_secs": lease_secs}
         return self.call("POST", "/api/v1/jobs/claim", body, route="claim", resend_on_stale=False,
                          answer=lambda a: list((a or {}).get("jobs") or []))
 
@@ -364,7 +367,8 @@ class SpooledAPI:
         body = {"worker_id": worker_id, "lease_id": lease_id}
         if result is not None:
             body["result"] = result
-        return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/complete", body, route="complete", job_route=True)
+        return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/complete", body, route="complete",
+                         job_route=True)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id, "error": (error or "Job failed")[:2048]}
