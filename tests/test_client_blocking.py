@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import traceback
 import pytest
 from conftest import ROOT
 from fake_http import read_request
+from test_security import tls_proxy
 
 from supervisor.client import rest as api
 
@@ -206,3 +208,26 @@ def test_errors_from_the_blocking_client_never_carry_the_key():
                 assert isinstance(exc, api.ApiError), f"a {type(exc).__name__} is reachable from our error"
                 text = "".join(traceback.format_exception(exc)) + repr(exc) + repr(vars(exc))
                 assert KEY not in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+def test_the_blocking_client_trusts_exactly_the_ca_bundle_as_the_loop_does(dev_server, tmp_path):
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=30)
+    proxy, port = tls_proxy(cert, key, dev_server.url)
+    url = f"https://127.0.0.1:{port}"
+    try:
+        untrusted = api.SpooledAPI(url, api.Secret(dev_server.api_key), timeout=5)
+        with pytest.raises(api.Unavailable) as caught:
+            untrusted.get("/api/v1/jobs/stats")
+        assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value) and dev_server.api_key not in str(caught.value)
+        trusted = api.SpooledAPI(url, api.Secret(dev_server.api_key), timeout=5, ca_bundle=cert)
+        assert "pending" in trusted.get("/api/v1/jobs/stats")
+        trusted.create_job("tls-q", {"n": 2**70}, idempotency_key="k-1")
+        assert dev_server.stats()["pending"] == 1
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
