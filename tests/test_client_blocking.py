@@ -18,6 +18,7 @@ from conftest import ROOT
 from fake_http import read_request
 from test_security import tls_proxy
 
+from supervisor.client import blocking
 from supervisor.client import rest as api
 
 KEY = "sp_test_blocking_secret_0123456789"
@@ -141,7 +142,7 @@ def test_a_bulk_create_without_an_idempotency_key_is_never_resent():
         assert len(server.requests) == 1  # nor is a claim
         with pytest.raises(api.Unavailable):
             spooled.get("/api/v1/jobs")
-        assert len(server.requests) == 1 + api.BLOCKING_ATTEMPTS  # a GET is, a bounded number of times
+        assert len(server.requests) == 1 + blocking.ATTEMPTS  # a GET is, a bounded number of times
 
 
 @pytest.mark.timeout(30)

@@ -3,7 +3,8 @@
 Two transports send the same `Call`s. The parent's loop sends them on non-blocking sockets
 (supervisor.client.loophttp) and schedules every retry itself, so no thread sleeps in a back-off.
 `execute` blocks, for the command-line paths (`enqueue`, `demo`) and the parent's final deregister;
-it uses `requests` with one Session (a kept-alive connection pool) per SpooledAPI:
+it uses `requests` (supervisor.client.blocking, imported on first use, so the daemon's parent loads it
+only for that deregister) with one Session (a kept-alive connection pool) per SpooledAPI:
 
 - every attempt has a timeout: connecting and each read within `timeout` seconds;
 - idempotent calls (GET, and calls marked `retry_safe`: deregister, a create with an idempotency key)
@@ -23,19 +24,12 @@ only, never a requests exception or the request it holds), a repr or a log line.
 from __future__ import annotations
 
 import ssl
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import requests
-import requests.adapters
-
 from supervisor import __version__, exactjson
-from supervisor.backoff import backoff
-from supervisor.client.httpconn import Response
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -164,26 +158,6 @@ def network_error(exc: BaseException, base_url: str) -> Unavailable:
     return Unavailable(0, kind, f"{type(exc).__name__} talking to {base_url}: {exc}")
 
 
-RETRY_STATUSES = (408, 502, 503, 504)
-BLOCKING_ATTEMPTS = 3
-
-
-class _Adapter(requests.adapters.HTTPAdapter):
-    """requests' adapter, trusting exactly `ssl_context` (the loop client's CAs), never retrying by itself."""
-
-    def __init__(self, ssl_context: ssl.SSLContext | None):
-        self._ssl_context = ssl_context
-        super().__init__(max_retries=0)
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        if self._ssl_context is not None:
-            kwargs["ssl_context"] = self._ssl_context
-        super().init_poolmanager(*args, **kwargs)
-
-    def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
-        conn.cert_reqs = "CERT_REQUIRED"  # which CAs: the ssl_context's; never requests' own bundle
-
-
 class SpooledAPI:
     """Builds `Call`s for every route and runs them: `execute` blocks (requests, see the module's docstring);
     the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
@@ -205,7 +179,7 @@ class SpooledAPI:
         self.headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",
                         "Accept": "application/json", "User-Agent": USER_AGENT}
         self._key = api_key.value
-        self._session: requests.Session | None = None
+        self._blocking: Any = None
         self.on_request = on_request
 
     def __repr__(self) -> str:
@@ -231,94 +205,20 @@ class SpooledAPI:
                        call.job_route)
 
     # ------------------------------------------------------------ blocking transport
-    def _new_session(self) -> requests.Session:
-        session = requests.Session()
-        session.trust_env = False
-        session.headers.clear()
-        session.headers.update(self.headers)
-        adapter = _Adapter(ssl.create_default_context(cafile=self.ca_bundle) if self.https else None)
-        session.mount("https://", adapter)
-        session.mount("http://", adapter)
-        return session
+    def execute(self, call: Call, timeout: float | None = None):
+        """Send `call` and return its result; raise ApiError otherwise (see the module's docstring).
+        Without `timeout`: the shared session, the API timeout, idempotent calls retried. With `timeout`:
+        one attempt on a fresh connection, over within `timeout` seconds."""
+        if self._blocking is None:
+            from supervisor.client.blocking import BlockingTransport  # requests: ~7 MiB the loop never needs
 
-    @property
-    def session(self) -> requests.Session:
-        if self._session is None:
-            self._session = self._new_session()
-        return self._session
+            self._blocking = BlockingTransport(self, self._key)
+        return self._blocking.execute(call, timeout)
 
     def close(self) -> None:
         """Close the blocking path's kept-alive connections."""
-        if self._session is not None:
-            self._session.close()
-            self._session = None
-
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
-
-    def _transport_error(self, exc: BaseException) -> Unavailable:
-        """Our error for a failed exchange: its text only, never the exception (which holds the request)."""
-        kind = "TIMEOUT" if isinstance(exc, requests.Timeout | TimeoutError) else "NETWORK_ERROR"
-        detail = self._scrub(str(exc))[:300]
-        return Unavailable(0, kind, f"{type(exc).__name__} talking to {self.base_url}: {detail}")
-
-    def _send(self, session: requests.Session, call: Call, timeout: float) -> object:
-        """One attempt: the result, or the typed ApiError."""
-        started = time.monotonic()
-        status, failure, response = 0, None, None
-        try:
-            r = session.request(call.method, self.origin + call.path, data=call.body or None,
-                                timeout=(timeout, timeout), allow_redirects=False)
-            status = r.status_code
-            response = Response(status, {k.lower(): v for k, v in r.headers.items()}, r.content, False)
-        except Exception as exc:  # requests', urllib3's and http.client's errors alike: the call failed
-            failure = self._transport_error(exc)
-        finally:
-            if self.on_request is not None:
-                self.on_request(call.route, status, time.monotonic() - started)
-        if failure is not None:
-            raise failure  # outside the except block: no __context__ pointing at the request
-        return self.result(call, response)
-
-    def execute(self, call: Call, timeout: float | None = None):
-        """Send `call` and return its result; raise ApiError otherwise. Without `timeout`: on the shared
-        session, with the API timeout, idempotent calls retried. With `timeout`: one attempt on a fresh
-        connection, done within `timeout` seconds."""
-        if timeout is not None:
-            return self._bounded(call, timeout)
-        attempts = BLOCKING_ATTEMPTS if call.idempotent else 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._send(self.session, call, self.timeout)
-            except Unavailable as exc:
-                if attempt == attempts or (exc.status and exc.status not in RETRY_STATUSES):
-                    raise
-                time.sleep(exc.retry_after if exc.retry_after is not None and exc.retry_after <= 2
-                           else backoff(attempt, 0.2, 1.0))
-        raise AssertionError("unreachable")
-
-    def _bounded(self, call: Call, timeout: float):
-        outcome: dict[str, Any] = {}
-        session = self._new_session()
-
-        def attempt() -> None:
-            try:
-                outcome["result"] = self._send(session, call, timeout)
-            except ApiError as exc:
-                outcome["error"] = exc
-            except Exception as exc:  # e.g. an `answer` that cannot read the reply
-                outcome["error"] = Unavailable(0, "BAD_ANSWER", f"{type(exc).__name__}: {self._scrub(str(exc))[:200]}")
-            finally:
-                session.close()
-
-        worker = threading.Thread(target=attempt, name=f"api-{call.route}", daemon=True)
-        worker.start()
-        worker.join(timeout)
-        if worker.is_alive():
-            raise Unavailable(0, "TIMEOUT", f"no answer from {self.base_url} within {timeout:g} s")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome.get("result")
+        if self._blocking is not None:
+            self._blocking.close()
 
     def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
                 resend_on_stale: bool = True, retry_safe: bool = False):
