@@ -15,13 +15,15 @@ import traceback
 
 import pytest
 from conftest import ROOT
-from fake_http import read_request
+from fake_http import MisbehavingServer, all_cases, read_request
 from test_security import tls_proxy
 
+from supervisor import exactjson
 from supervisor.client import blocking
 from supervisor.client import rest as api
 
 KEY = "sp_test_blocking_secret_0123456789"
+CASES = all_cases()
 
 
 class ScriptedServer:
@@ -232,3 +234,29 @@ def test_the_blocking_client_trusts_exactly_the_ca_bundle_as_the_loop_does(dev_s
     finally:
         proxy.shutdown()
         proxy.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_blocking_client_never_takes_a_misframed_answer_for_a_result(case):
+    """The same raw answers through requests: an expected answer comes back exactly (unless the case says
+    `blocking-expect: unavailable`: http.client takes a 102/103 for the answer, which we refuse); any
+    other case either fails as Unavailable or, where http.client is more lenient than llhttp (bare LF
+    lines, a missing chunk CRLF), yields that answer's own body. Never another answer's bytes; the next
+    call is served."""
+    with MisbehavingServer(case) as server:
+        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=3)
+        try:
+            try:
+                result, error = spooled.execute(spooled.claim_call("q", "w", 1, 30)), None
+            except api.ApiError as exc:
+                result, error = None, exc
+            if case.meta.get("blocking-expect", case.meta["expect"]) == "answered":
+                assert error is None and result == exactjson.loads(case.meta["result"]), f"{case.name}: {error}"
+            else:
+                assert isinstance(error, api.Unavailable) or result == [], f"{case.name}: {result!r} {error!r}"
+            if error is not None:
+                assert KEY not in str(error) and error.retryable, f"{case.name}: {error!r}"
+            assert spooled.execute(spooled.claim_call("q", "w", 1, 30)) == []
+        finally:
+            spooled.close()

@@ -2,6 +2,13 @@
 
 Its contract (timeouts, which calls are retried, the bounded final deregister, trust, no key in any
 error) is stated in supervisor.client.rest's docstring; this module is imported only on first use.
+
+Framing is urllib3's and http.client's. They refuse a negative or differing Content-Length, an unknown
+transfer coding and junk, but accept some forms llhttp refuses; `framing_problem` adds the checks that
+matter after the fact: Content-Length digits only and once, not beside Transfer-Encoding, which must be
+`chunked` alone and never in HTTP/1.0, and no interim (1xx) status as the answer. Such an answer fails
+as Unavailable (BAD_FRAMING) and its connections are dropped, so nothing left over is read as the next
+answer.
 """
 
 from __future__ import annotations
@@ -36,6 +43,21 @@ class _Adapter(requests.adapters.HTTPAdapter):
 
     def cert_verify(self, conn: Any, url: str, verify: Any, cert: Any) -> None:
         conn.cert_reqs = "CERT_REQUIRED"  # which CAs: the ssl_context's; never requests' own bundle
+
+
+def framing_problem(status: int, version: int, headers: Any) -> str | None:
+    """What is wrong with an answer's framing, from its status, HTTP version (10, 11) and raw headers."""
+    if status < 200:
+        return f"an interim answer ({status}) where the answer belongs"
+    lengths = headers.getlist("content-length")
+    codings = headers.getlist("transfer-encoding")
+    if lengths and codings:
+        return "Content-Length beside Transfer-Encoding"
+    if len(lengths) > 1 or any(not (v.strip().isascii() and v.strip().isdigit()) for v in lengths):
+        return f"bad Content-Length {', '.join(lengths)[:40]!r}"
+    if codings and (version == 10 or [c.strip().lower() for c in codings] != ["chunked"]):
+        return f"Transfer-Encoding {', '.join(codings)[:40]!r} in an HTTP/1.{version % 10} answer"
+    return None
 
 
 class BlockingTransport:
@@ -85,6 +107,10 @@ class BlockingTransport:
                                 timeout=(timeout, timeout), allow_redirects=False)
             status = r.status_code
             response = Response(status, {k.lower(): v for k, v in r.headers.items()}, r.content, False)
+            problem = framing_problem(status, r.raw.version, r.raw.headers)
+            if problem is not None:
+                session.close()  # drop its connections: the rest of this one must never become an answer
+                failure = Unavailable(0, "BAD_FRAMING", f"{problem} (from {api.base_url})")
         except Exception as exc:  # requests', urllib3's and http.client's errors alike: the call failed
             failure = self.transport_error(exc)
         finally:
