@@ -12,8 +12,11 @@ only for that deregister) with one Session (a kept-alive connection pool) per Sp
   claim, a bulk create without a key) are sent once, never resent blindly;
 - `execute(call, timeout=t)` (the final deregister) is one attempt on a fresh connection that returns
   or raises Unavailable within `t` seconds whatever the server does (a connect that hangs, an answer
-  trickled a byte at a time): it runs on a helper thread joined for `t`. The parent makes two such
-  attempts of at most 5 s, after its loop has stopped, so the blocking is bounded and off the loop;
+  trickled a byte at a time): it runs on a helper thread joined for `t` (a thread given up on ends by
+  itself at its next read timeout, at most `t` later). The parent makes two such attempts of at most
+  5 s, after its loop has stopped, so the blocking is bounded and off the loop;
+- an answer whose framing is wrong (an interim status as the answer, a Content-Length that is not digits
+  only or stands beside Transfer-Encoding, ...) fails as Unavailable BAD_FRAMING, its connections dropped;
 - environment proxies, .netrc and REQUESTS_CA_BUNDLE are ignored (trust_env off), as in the loop's
   client: the key goes only to the API URL, checked against the same CAs (`--ca-bundle` or the system's).
 
