@@ -12,8 +12,8 @@ only for that deregister) with one Session (a kept-alive connection pool) per Sp
   claim, a bulk create without a key) are sent once, never resent blindly;
 - `execute(call, timeout=t)` (the final deregister) is one attempt on a fresh connection that returns
   or raises Unavailable within `t` seconds whatever the server does (a connect that hangs, an answer
-  trickled a byte at a time): it runs on a helper thread joined for `t` (a thread given up on ends by
-  itself at its next read timeout, at most `t` later). The parent makes two such attempts of at most
+  trickled a byte at a time): it runs on a helper daemon thread joined for `t` (one given up on never
+  delays the process's exit, and its late result is dropped). The parent makes two such attempts of at most
   5 s, after its loop has stopped, so the blocking is bounded and off the loop;
 - an answer whose framing is wrong (an interim status as the answer, a Content-Length that is not digits
   only or stands beside Transfer-Encoding, ...) fails as Unavailable BAD_FRAMING, its connections dropped;
