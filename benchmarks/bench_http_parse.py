@@ -2,8 +2,8 @@
 
     python benchmarks/bench_http_parse.py
 
-Three answers of the shapes the loop reads most (a claim of one job, a small `{"success":true}`, the
-claim answer chunked), each parsed whole on a reader that is reused the way a kept-alive connection
+Answers of the shapes the loop reads most (a claim of one job, a small `{"success":true}`, the claim
+answer chunked) and a 64 KiB chunked one, each parsed whole on a reader that is reused the way a kept-alive connection
 reuses it, and on a fresh reader (a new connection); plus the claim answer dripped 7 bytes at a time.
 """
 
@@ -25,6 +25,8 @@ ANSWERS = {
     "claim": HEAD + b"Content-Length: %d\r\nx-api-version: 1\r\n\r\n" % len(BODY) + BODY,
     "small": HEAD + b"Content-Length: 16\r\nx-api-version: 1\r\n\r\n{\"success\":true}",
     "chunked": HEAD + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(BODY) + BODY + b"\r\n0\r\n\r\n",
+    "64k-chunked": HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + (b"400\r\n" + b"x" * 1024 + b"\r\n") * 64
+    + b"0\r\n\r\n",
 }
 
 
@@ -51,7 +53,7 @@ def main() -> None:
     for name, data in ANSWERS.items():
         warm = min(timeit.repeat(lambda d=data: kept_alive(reader, d), number=n, repeat=3)) / n * 1e6
         new = min(timeit.repeat(lambda d=data: fresh(d), number=n, repeat=3)) / n * 1e6
-        print(f"{name:8s} {len(data):4d} B  kept-alive reader {warm:5.2f} us   fresh reader {new:5.2f} us")
+        print(f"{name:11s} {len(data):5d} B  kept-alive reader {warm:5.2f} us   fresh reader {new:5.2f} us")
     drip = min(timeit.repeat(lambda: dripped(ANSWERS["claim"]), number=n // 10, repeat=3)) / (n // 10) * 1e6
     print(f"claim dripped 7 bytes a feed: {drip:.1f} us")
 

@@ -168,3 +168,4 @@ class ResponseReader:
             self._new_message()
             return
         self._final = Response(self._status, self._headers, bytes(self._body), not self._keep_alive)
+        self._body = bytearray()  # a reader kept for its connection's life holds no old body
