@@ -16,6 +16,8 @@ import socket
 import sys
 import traceback
 
+import orjson
+
 from supervisor import exactjson
 from supervisor.child import group, wire
 from supervisor.child.handler import JobContext, call_handler, load_handler
@@ -100,7 +102,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
         return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
         return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the {max_result_bytes} byte limit"}
-    return {"t": "done", "id": job["id"], "ok": True, "result": wire.RawJSON(encoded)}
+    return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,

@@ -1,10 +1,9 @@
 """Length-prefixed JSON frames between the parent and its children over a socketpair.
 
-A frame is a 4-byte big-endian length followed by that many bytes: the message as JSON (orjson, with the
-exact fallback of supervisor.exactjson, so integers of any size cross intact), then, for a message whose
-`result` is `RawJSON`, a newline and those bytes as they are (compact JSON never holds a raw newline).
-The child encodes a handler's result once; the parent never parses it: `receive` hands it back as an
-`orjson.Fragment` (None for `null`), which `SpooledAPI.complete_call` embeds in the request unchanged.
+A frame is a 4-byte big-endian length followed by that many bytes of JSON: orjson, with the exact
+fallback of supervisor.exactjson, so integers of any size cross intact both ways (a job's payload to
+the child, a result back to the parent, which receives it as the value the handler returned).
+
 Parent side: `Channel` is non-blocking and resumable, so a slow or stuck child never
 blocks the parent loop, and a payload of several MiB goes through in pieces.
 Child side: `read_frame` / `write_frame` block, which is what a child wants.
@@ -20,8 +19,6 @@ from __future__ import annotations
 import socket
 import struct
 
-import orjson
-
 from supervisor import exactjson
 
 HEADER = struct.Struct("!I")
@@ -29,29 +26,9 @@ MAX_FRAME = 256 * 1024 * 1024
 _READ_CHUNK = 65536  # under malloc's mmap threshold: a bigger recv buffer costs an mmap per call
 
 
-class RawJSON(bytes):
-    """JSON text that goes into a frame as it is (a done message's already encoded result)."""
-
-
 def encode(msg: dict) -> bytes:
-    raw = msg.get("result")
-    if isinstance(raw, RawJSON):
-        body = exactjson.dumps({k: v for k, v in msg.items() if k != "result"}) + b"\n" + raw
-    else:
-        body = exactjson.dumps(msg)
+    body = exactjson.dumps(msg)
     return HEADER.pack(len(body)) + body
-
-
-def decode(buf: bytes | bytearray, start: int = 0, end: int | None = None) -> dict:
-    """The message in `buf[start:end]`; a raw result comes back as an orjson.Fragment (None for `null`)."""
-    end = len(buf) if end is None else end
-    cut = buf.find(b"\n", start, end)
-    if cut < 0:
-        return exactjson.loads(memoryview(buf)[start:end])
-    msg = exactjson.loads(memoryview(buf)[start:cut])
-    raw = bytes(memoryview(buf)[cut + 1:end])
-    msg["result"] = None if raw == b"null" else orjson.Fragment(raw)
-    return msg
 
 
 class Channel:
@@ -118,7 +95,7 @@ class Channel:
             end = pos + HEADER.size + size
             if len(buf) < end:
                 break
-            yield decode(buf, pos + HEADER.size, end)
+            yield exactjson.loads(memoryview(buf)[pos + HEADER.size:end])
             pos = end
         del buf[:pos]
 
@@ -144,7 +121,7 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 def read_frame(sock: socket.socket):
     """Block until one whole message arrives; EOFError when the parent has gone."""
     (size,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    return decode(_recv_exact(sock, size))
+    return exactjson.loads(_recv_exact(sock, size))
 
 
 def write_frame(sock: socket.socket, msg) -> None:
