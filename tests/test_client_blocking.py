@@ -19,7 +19,6 @@ from fake_http import MisbehavingServer, all_cases, read_request
 from test_security import tls_proxy
 
 from supervisor import exactjson
-from supervisor.client import blocking
 from supervisor.client import rest as api
 
 KEY = "sp_test_blocking_secret_0123456789"
@@ -121,11 +120,11 @@ def hang_up_first(payload):
 @pytest.mark.timeout(30)
 def test_idempotent_calls_are_retried_after_a_network_error():
     with ScriptedServer(hang_up_first({"ok": True})) as server:
-        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5)
+        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5, attempts=3)
         assert spooled.get("/api/v1/jobs/stats") == {"ok": True}
         assert len(server.requests) == 2
     with ScriptedServer(hang_up_first(None)) as server:
-        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5)
+        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5, attempts=3)
         spooled.deregister("w-1")  # no timeout: the command-line path, retried (deregister is safe to repeat)
         assert len(server.requests) == 2 and server.requests[1].startswith(b"POST /api/v1/workers/w-1/deregister ")
 
@@ -133,18 +132,23 @@ def test_idempotent_calls_are_retried_after_a_network_error():
 @pytest.mark.timeout(30)
 def test_a_bulk_create_without_an_idempotency_key_is_never_resent():
     with ScriptedServer(hang_up_first({"succeeded": [], "failed": []})) as server:
-        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5)
+        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5, attempts=3)
         with pytest.raises(api.Unavailable) as caught:
             spooled.bulk_create("q", [{"a": 1}])
         assert len(server.requests) == 1 and caught.value.retryable
     with ScriptedServer(lambda request, index, stop: None) as server:  # hangs up on every request
-        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5)
+        spooled = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5, attempts=3)
         with pytest.raises(api.Unavailable):
             spooled.claim("q", "w", 1, 30)
         assert len(server.requests) == 1  # nor is a claim
         with pytest.raises(api.Unavailable):
             spooled.get("/api/v1/jobs")
-        assert len(server.requests) == 1 + blocking.ATTEMPTS  # a GET is, a bounded number of times
+        assert len(server.requests) == 1 + 3  # a GET is, a bounded number of times
+    with ScriptedServer(lambda request, index, stop: None) as server:
+        once = api.SpooledAPI(server.url, api.Secret(KEY), timeout=5)  # the daemon's: attempts=1
+        with pytest.raises(api.Unavailable):
+            once.get("/api/v1/workers/w")
+        assert len(server.requests) == 1
 
 
 @pytest.mark.timeout(30)

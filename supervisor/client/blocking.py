@@ -26,7 +26,6 @@ from supervisor.client.httpconn import Response
 from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable
 
 RETRY_STATUSES = (408, 502, 503, 504)
-ATTEMPTS = 3
 
 
 class _Adapter(requests.adapters.HTTPAdapter):
@@ -123,7 +122,7 @@ class BlockingTransport:
     def execute(self, call: Call, timeout: float | None) -> object:
         if timeout is not None:
             return self.bounded(call, timeout)
-        attempts = ATTEMPTS if call.idempotent else 1
+        attempts = self.api.attempts if call.idempotent else 1
         for attempt in range(1, attempts + 1):
             try:
                 return self.send(self.session, call, self.api.timeout)

@@ -7,9 +7,11 @@ it uses `requests` (supervisor.client.blocking, imported on first use, so the da
 only for that deregister) with one Session (a kept-alive connection pool) per SpooledAPI:
 
 - every attempt has a timeout: connecting and each read within `timeout` seconds;
-- idempotent calls (GET, and calls marked `retry_safe`: deregister, a create with an idempotency key)
-  are tried up to 3 times on a network error, 408 or 502/503/504, with a short back-off; others (a
-  claim, a bulk create without a key) are sent once, never resent blindly;
+- with `attempts=N` (the commands use 3; the daemon keeps the default 1, so its one blocking read at
+  start-up, the worker-row check, stays a single bounded attempt), idempotent calls (GET, and calls
+  marked `retry_safe`: deregister, a create with an idempotency key) are tried up to N times on a
+  network error, 408 or 502/503/504, with a short back-off; others (a claim, a bulk create without a
+  key) are sent once, never resent blindly;
 - `execute(call, timeout=t)` (the final deregister) is one attempt on a fresh connection that returns
   or raises Unavailable within `t` seconds whatever the server does (a connect that hangs, an answer
   trickled a byte at a time): it runs on a helper daemon thread joined for `t` (one given up on never
@@ -166,7 +168,7 @@ class SpooledAPI:
     the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
-                 on_request: Callable[[str, int, float], None] | None = None):
+                 on_request: Callable[[str, int, float], None] | None = None, attempts: int = 1):
         parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"API URL must be http:// or https:// with a host, got {base_url!r}")
@@ -177,6 +179,7 @@ class SpooledAPI:
         self.prefix = parts.path.rstrip("/")
         self.origin = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
         self.timeout = timeout
+        self.attempts = max(1, attempts)  # the blocking path's tries of an idempotent call
         self.ca_bundle = ca_bundle
         self.ssl_context = ssl.create_default_context(cafile=ca_bundle) if self.https else None
         self.headers = {"Authorization": f"Bearer {api_key.value}", "Content-Type": "application/json",

@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
         daemon = None
         client: SpooledAPI | None = None
         try:
-            client = SpooledAPI(url, Secret(key))
+            client = SpooledAPI(url, Secret(key), attempts=3)
             print(f"dev server at {url}; enqueuing {args.jobs} jobs of {args.ms:g} ms CPU each on queue '{QUEUE}'")
             enqueue(client, QUEUE, {"ms": args.ms}, args.jobs)
             health_port = free_port()

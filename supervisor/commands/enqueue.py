@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         key = read_api_key(args, os.environ)
-        client = SpooledAPI(args.api_url, key)
+        client = SpooledAPI(args.api_url, key, attempts=3)
     except (ConfigError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
