@@ -140,8 +140,6 @@ def test_the_daemon_hands_a_big_integer_to_the_handler_and_completes_a_big_resul
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(reason="needs the dev server to store integers over 64 bits exactly (issue 11, the dev-server "
-                          "half, in parallel); on a dev server that does, this passes", strict=False)
 def test_big_integers_round_trip_through_the_real_dev_server_and_the_daemon(dev_server, daemon_factory):
     body = b'{"queue_name": "exact-dev", "payload": {"n": 1180591620717411303424}, "max_retries": 0}'
     r = dev_server.request("POST", "/api/v1/jobs", data=body)
