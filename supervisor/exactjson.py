@@ -6,8 +6,11 @@ REST API keeps big integers exact, so:
 
 - `loads` looks for a run of 19 digits (the shortest integer that can overflow: -9223372036854775809;
   one `bytes.translate` and a substring search, ~0.4 us per 300 bytes where a regex takes 2-3 us) and
-  only then parses with `json`, which reads integers exactly. A run inside a string (a numeric id) or a
-  19-digit integer that would have fitted takes the slow path too, with the same result.
+  only then parses with `json`, which reads integers exactly; orjson still checks the syntax on a copy
+  with each long digit run replaced by `0` (so both paths accept exactly the same texts: UTF-8, no
+  NaN/Infinity, no lone surrogates), and a float that overflows to infinity is refused. A run inside
+  a string (a numeric id) or a 19-digit integer that would have fitted takes the slow path too, with
+  the same result. Integers are bounded by Python's int/str conversion limit (4300 digits).
 - `dumps` tries orjson and falls back to `json` when orjson raises (big integers); orjson-only types
   (datetime, dataclass, UUID, Fragment ...) are handed to orjson one value at a time on that path.
 - `dumps_strict` is for values a user's code produced (a handler's result): NaN, Infinity, a set, an
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -29,6 +33,7 @@ import orjson
 _DIGITS_TO_ZERO = bytes(48 if 48 <= i <= 57 else 46 for i in range(256))
 _WIDE_INT = b"0" * 19
 _NOT_JSON_CONSTANT = "NaN, Infinity and -Infinity are not JSON"
+_LONG_DIGITS = re.compile(rb"[0-9]{19,}")
 
 
 class NotJSON(ValueError):
@@ -45,10 +50,19 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     raw = data.encode() if isinstance(data, str) else data
     if _WIDE_INT not in (raw if isinstance(raw, bytes | bytearray) else bytes(raw)).translate(_DIGITS_TO_ZERO):
         return orjson.loads(raw)
+    raw = bytes(raw)
+    orjson.loads(_LONG_DIGITS.sub(b"0", raw))  # the syntax check both paths share (raises JSONDecodeError)
     try:
-        return json.loads(bytes(raw), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_float=_finite, parse_constant=_reject_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of the double range")
+    return value
 
 
 def _orjson_value(value: Any) -> Any:

@@ -4,7 +4,6 @@ Modules, one concern each:
   cli      -- flags / environment, start-up and signal handling
   app      -- routing, auth, error envelopes, fault hook
   transport -- HTTP/1.1: httptools framing on one I/O thread, handler pool, limits and timeouts
-  jsonexact -- JSON with integers of any size exact (orjson fast path, stdlib fallback)
   handlers -- one function per route: validate the request, call the store
   validate -- request-body validation producing the contract's error shapes
   errors   -- HttpError and the JSON error envelopes of CONTRACT section 2

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import jsonexact
+from supervisor import exactjson
+
 from .errors import HttpError, invalid_json, validation
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
@@ -28,7 +29,7 @@ def parse_json(req, optional: bool = False):
     if "application/json" not in ctype.lower():
         raise invalid_json("Expected request with `Content-Type: application/json`", "invalid_content_type")
     try:
-        return jsonexact.loads(req.body)  # integers of any size stay exact; NaN / Infinity are refused
+        return exactjson.loads(req.body)  # integers of any size stay exact; NaN / Infinity are refused
     except ValueError as e:
         raise invalid_json(f"Failed to parse the request body as JSON: {e}") from None
 

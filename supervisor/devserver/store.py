@@ -24,7 +24,8 @@ from contextlib import contextmanager
 
 import orjson
 
-from . import jsonexact
+from supervisor import exactjson
+
 from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
 
 Fragment = orjson.Fragment
@@ -111,8 +112,8 @@ def ts(t: float | None) -> str | None:
 
 
 def dumps(value) -> str:
-    """Compact JSON text; integers of any size exact (see jsonexact)."""
-    return jsonexact.dumps(value)
+    """Compact JSON text; integers of any size exact (see supervisor.exactjson)."""
+    return exactjson.dumps(value).decode()
 
 
 def _frag(text):
@@ -144,7 +145,7 @@ def summary_dict(row) -> dict:
     (id_, q, status, prio, rc, mr, payload, err, created, sched, started, completed) = row
     job_type = ""
     if payload and payload.startswith("{") and '"job_type"' in payload:
-        jt = jsonexact.loads(payload).get("job_type")
+        jt = exactjson.loads(payload).get("job_type")
         job_type = jt if isinstance(jt, str) else ""
     return {"id": id_, "queue_name": q, "status": status, "priority": prio, "attempt": rc, "retry_count": rc,
             "max_retries": mr, "job_type": job_type, "last_error": err, "created_at": ts(created),
@@ -754,7 +755,7 @@ class Store:
             self._ensure_config(db, org, queue, now)
             (settings,) = db.execute("SELECT settings FROM queue_config WHERE organization_id=? AND queue_name=?",
                                      (org, queue)).fetchone()
-            s = jsonexact.loads(settings or "{}")
+            s = exactjson.loads(settings or "{}")
             s.update({"paused": True, "paused_at": ts(now), "paused_at_epoch": now, "paused_reason": reason})
             db.execute("UPDATE queue_config SET enabled=0, settings=?, updated_at=? WHERE organization_id=? AND "
                        "queue_name=?", (dumps(s), now, org, queue))
@@ -767,7 +768,7 @@ class Store:
                              (org, queue)).fetchone()
             if not row:
                 raise not_found("Queue not found")
-            s = jsonexact.loads(row[0] or "{}")
+            s = exactjson.loads(row[0] or "{}")
             since = s.get("paused_at_epoch")
             s.update({"paused": False})
             for k in ("paused_at", "paused_at_epoch", "paused_reason"):

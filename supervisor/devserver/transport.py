@@ -44,7 +44,8 @@ from urllib.parse import parse_qs
 
 import httptools
 
-from . import jsonexact
+from supervisor import exactjson
+
 from .errors import HttpError, body_too_large, http_error
 
 RECV_SIZE = 65536
@@ -100,7 +101,7 @@ class _Reject(Exception):
 
 def render(status: int, body, headers: dict, close: bool, head_only: bool = False) -> tuple[bytes, bytes]:
     """(status line + headers, body bytes) of an answer; JSON body, exact Content-Length."""
-    payload = b"" if body is None or status == 204 else jsonexact.dumps_bytes(body)
+    payload = b"" if body is None or status == 204 else exactjson.dumps(body)
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
     if status != 204:
         if body is not None:
