@@ -5,6 +5,12 @@ from the threaded parent. It leads its own process group (the parent signals the
 stop it), with a keeper process that empties the group once the child is gone
 (supervisor.child.group); it ignores SIGINT (the parent decides), dies with SIGKILL when its
 parent process dies (PR_SET_PDEATHSIG), and exits when the parent's end of the socket closes.
+
+SIGTERM means the parent is stopping this child (timeout, lost lease, memory cap, drain, shutdown):
+the running job's `ctx.signal` is set (the official SDK's abort signal, for threads the handler
+started), `JobStopped` is raised in the handler's code so its `finally` blocks and context managers
+run, and the child then dies of SIGTERM as before. A handler stuck in C code, or one that swallows
+the exception, gets the parent's SIGKILL after --kill-grace.
 """
 
 from __future__ import annotations
@@ -25,6 +31,28 @@ from supervisor.child.handler import JobContext, call_handler, load_handler
 BOOT_ERROR_EXIT = 3
 ERROR_LIMIT = 2048
 PR_SET_PDEATHSIG = 1
+
+
+class JobStopped(BaseException):
+    """Raised in the handler's code when the parent stops this child (SIGTERM)."""
+
+
+_running: JobContext | None = None  # the job this child runs now (the SIGTERM handler sets its signal)
+
+
+def _on_sigterm(signum, frame) -> None:
+    if _running is not None:
+        _running.signal.set()
+    raise JobStopped("the daemon stopped this job's child process (SIGTERM)")
+
+
+def _die_of_sigterm() -> None:
+    """End the way an unhandled SIGTERM ends a process, so the parent reads the same cause."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+    os._exit(128 + signal.SIGTERM)  # not reached
 
 
 def set_title(text: str) -> None:
@@ -88,20 +116,28 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     """Run one job and build the `done` message; never raises (SystemExit included). The result is encoded
     here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
     the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`."""
-    ctx = JobContext.from_claim(job, worker_id)
+    global _running
+    ctx = _running = JobContext.from_claim(job, worker_id)
     try:
         result = call_handler(handler, ctx)
+    except JobStopped:
+        raise
     except SystemExit as exc:
-        return {"t": "done", "id": job["id"], "ok": False, "error": f"SystemExit: handler called sys.exit({exc.code!r})"}
+        return {"t": "done", "id": job["id"], "ok": False,
+                "error": f"SystemExit: handler called sys.exit({exc.code!r})"}
     except BaseException as exc:  # KeyboardInterrupt included: the job fails, the child lives
         return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
+    finally:
+        _running = None
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
         error = f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"
         return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
-        return {"t": "done", "id": job["id"], "ok": False, "error": f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the {max_result_bytes} byte limit"}
+        error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
+                 f"{max_result_bytes} byte limit")
+        return {"t": "done", "id": job["id"], "ok": False, "error": error}
     return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
 
 
@@ -110,7 +146,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     """Entry point run by the forkserver for each child."""
     leader = group.lead_own_group()  # first: until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the handler is imported: die at once
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
     if leader:
@@ -125,6 +161,18 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
             wire.write_frame(sock, {"t": "boot_error", "error": format_error(exc, 4000)})
         finally:
             os._exit(BOOT_ERROR_EXIT)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        serve(sock, handler, title, worker_id, max_result_bytes)
+    except JobStopped:
+        _die_of_sigterm()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_bytes: int) -> None:
+    """Say `ready`, then run each job the parent sends until it says `stop` or goes away."""
     wire.write_frame(sock, {"t": "ready", "pid": os.getpid()})
     set_title(f"{title} idle")
     while True:
@@ -132,10 +180,10 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
             msg = wire.read_frame(sock)
         except (EOFError, OSError):
             break
-        kind = msg.get("t")
-        if kind == "stop":
+        frame = msg.get("t")
+        if frame == "stop":
             break
-        if kind != "job":
+        if frame != "job":
             continue
         job = msg["job"]
         set_title(f"{title} busy {job['id']}")
@@ -145,6 +193,3 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
         except OSError:
             break
         set_title(f"{title} idle")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
