@@ -74,7 +74,7 @@ def release_forkserver() -> None:
         server = forkserver._forkserver
         fd = getattr(server, "_forkserver_alive_fd", None)
         if fd is not None:
-            server._forkserver_alive_fd = None
+            server._forkserver_alive_fd = None  # type: ignore[attr-defined]  # private, undeclared
             os.close(fd)
     except Exception:
         pass

@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 import time
+from typing import Any
 
 from supervisor.backoff import backoff
 from supervisor.client.httpconn import FramingError, ResponseReader, build_request, header_block
@@ -37,9 +38,12 @@ class _Conn:
     __slots__ = ("sock", "state", "tag", "call", "out", "reader", "started", "deadline", "reused", "resent", "events")
 
     def __init__(self):
-        self.sock: socket.socket | None = None
+        # The socket (an ssl.SSLSocket after the handshake) and the call it carries are there whenever the
+        # state says so: every method below runs only in a state that has them.
+        self.sock: Any = None
         self.state = "closed"  # connecting -> handshake -> sending -> receiving -> idle
-        self.tag = self.call = None
+        self.tag: Any = None
+        self.call: Any = None
         self.out = memoryview(b"")
         self.reader = ResponseReader()
         self.started = self.deadline = 0.0
@@ -164,6 +168,7 @@ class LoopHTTP:
 
     # ------------------------------------------------------------ connection
     def _connect(self, conn: _Conn) -> None:
+        assert self.addrs, "pump resolves before connecting"
         family, type_, proto, _, addr = self.addrs[self._next_addr % len(self.addrs)]
         try:
             sock = socket.socket(family, type_, proto)

@@ -37,6 +37,7 @@ def start_dev_server(db: str, key: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", db],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 20
+    assert proc.stdout is not None  # stdout=PIPE
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         m = re.search(r"listening on (http://\S+)", line or "")
@@ -54,17 +55,17 @@ def parse_time(text: str | None) -> float | None:
 
 def job_span(client: SpooledAPI) -> tuple[float, float]:
     """Earliest start and latest completion among the demo queue's jobs, from the server's records."""
-    starts, ends, offset = [], [], 0
+    starts: list[float] = []
+    ends: list[float] = []
+    offset = 0
     while True:
         page = client.get(f"/api/v1/jobs?queue_name={QUEUE}&limit=100&offset={offset}")
         for job in page:
-            starts.append(parse_time(job.get("started_at")))
-            ends.append(parse_time(job.get("completed_at")))
+            starts += [t for t in (parse_time(job.get("started_at")),) if t]
+            ends += [t for t in (parse_time(job.get("completed_at")),) if t]
         if len(page) < 100:
             break
         offset += 100
-    starts = [t for t in starts if t]
-    ends = [t for t in ends if t]
     return (min(starts), max(ends)) if starts and ends else (0.0, 0.0)
 
 
@@ -89,7 +90,8 @@ def main(argv: list[str]) -> int:
             enqueue(client, QUEUE, {"ms": args.ms}, args.jobs)
             health_port = free_port()
             env = dict(os.environ, SPOOLED_API_KEY=key)
-            cmd = [sys.executable, "-m", "supervisor", "run", "--queue", QUEUE, "--handler", "supervisor.demo_handlers:burn",
+            cmd = [sys.executable, "-m", "supervisor", "run", "--queue", QUEUE,
+                   "--handler", "supervisor.demo_handlers:burn",
                    "--procs", str(args.procs), "--api-url", url, "--worker-id", "demo-worker", "--health-port",
                    str(health_port), "--poll-interval", "0.5", "--log-format", "json", "--log-level", "WARNING"]
             log_path = os.path.join(tmp, "daemon.log")
@@ -106,7 +108,8 @@ def main(argv: list[str]) -> int:
             ideal = min(args.procs, cores) / (args.ms / 1000.0)
             print(f"\nsummary: {stats['completed']} completed, {stats['deadletter']} dead-lettered, "
                   f"{stats['pending'] + stats['processing']} left; daemon exit code {code}")
-            print(f"  throughput {throughput:.1f} jobs/s over {span:.2f} s of processing ({wall:.1f} s wall, start-up included)")
+            print(f"  throughput {throughput:.1f} jobs/s over {span:.2f} s of processing "
+                  f"({wall:.1f} s wall, start-up included)")
             print(f"  efficiency {throughput / ideal:.3f} of the ideal {ideal:.1f} jobs/s "
                   f"({min(args.procs, cores)} cores x 1000/{args.ms:g} ms)")
             if code != 0 or stats["completed"] != args.jobs:
@@ -122,7 +125,8 @@ def main(argv: list[str]) -> int:
             server.wait(10)
 
 
-def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port: int, started: float, tty: bool) -> dict:
+def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port: int, started: float,
+          tty: bool) -> dict:
     """Print progress until every job is completed or dead-lettered (or the daemon exits)."""
     last_print = 0.0
     while True:

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", required=True, help="queue name")
     p.add_argument("--payload", required=True, help='job payload as JSON, e.g. \'{"ms": 50}\'')
     p.add_argument("--count", type=int, default=1, help="how many identical jobs (default 1)")
-    p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or DEFAULT_API_URL, help="API base URL (SPOOLED_API_URL)")
+    p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or DEFAULT_API_URL,
+                   help="API base URL (SPOOLED_API_URL)")
     p.add_argument("--api-key-file", default=os.environ.get("SPOOLED_API_KEY_FILE"), help="file holding the API key")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
     p.add_argument("--priority", type=int, help="-100..100")

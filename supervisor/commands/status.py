@@ -108,7 +108,7 @@ def render(snap: dict) -> str:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if len(rows) == 1:
         lines.append("(no children)")
     return "\n".join(lines) + "\n"
