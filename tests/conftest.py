@@ -145,6 +145,28 @@ class DevServer:
     def stats(self) -> dict:
         return self.request("GET", "/api/v1/jobs/stats").json()
 
+    # --- the dev-only switches (supervisor/devserver/devtools.py) ---
+    def requests_seen(self, since: float = 0.0) -> list[dict]:
+        """The /api/v1 requests the server answered after `since` (Unix time): method, path, status, lease_id, t."""
+        r = self.request("GET", f"/_dev/requests?since={since}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def expire_lease(self, job_id: str) -> None:
+        r = self.request("POST", f"/_dev/leases/{job_id}/expire")
+        assert r.status_code == 200, r.text
+
+    def steal_lease(self, job_id: str, worker_id: str = "dev-thief", secs: int = 60) -> dict:
+        r = self.request("POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": worker_id,
+                                                                       "lease_duration_secs": secs})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def set_faults(self, **faults) -> dict:
+        r = self.request("POST", "/_dev/faults", json=faults)
+        assert r.status_code == 200, r.text
+        return r.json()
+
 
 @pytest.fixture
 def dev_server(tmp_path):

@@ -355,3 +355,50 @@ def test_two_server_processes_on_one_db_never_share_a_job(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_dev_lease_switches_and_request_log(dev_server):
+    """POST /_dev/leases/{id}/expire and /steal lose a lease on demand; GET /_dev/requests shows what came in."""
+    s = dev_server
+    job_id = s.enqueue("lease-dev", {"p": 1}, max_retries=3)
+    job = claim(s, "lease-dev", "holder")[0]
+    body = {"worker_id": "holder", "lease_id": job["lease_id"]}
+    # steal: re-issued to another worker; the old holder is told it no longer owns the job (404)
+    r = s.request("POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": "thief", "lease_duration_secs": 60})
+    assert r.status_code == 200, r.text
+    stolen = r.json()
+    assert stolen["worker_id"] == "thief" and stolen["lease_id"] != job["lease_id"]
+    assert s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat", json=body).status_code == 404
+    assert s.request("POST", f"/api/v1/jobs/{job_id}/complete", json=body).status_code == 404
+    assert s.job(job_id)["assigned_worker_id"] == "thief"
+    # expire: the thief's renewal is refused with 409 LEASE_EXPIRED, then the sweep hands the job out again
+    assert s.request("POST", f"/_dev/leases/{job_id}/expire").status_code == 200
+    r = s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat", json={"worker_id": "thief", "lease_id": stolen["lease_id"]})
+    assert r.status_code == 409 and r.json()["code"] == "LEASE_EXPIRED"
+    again = wait_until(lambda: claim(s, "lease-dev", "second"), timeout=10, what="the job handed out again")[0]
+    assert again["id"] == job_id and again["retry_count"] == 1
+    # only processing jobs have a lease to lose
+    other = s.enqueue("lease-dev", {"p": 2})
+    assert s.request("POST", f"/_dev/leases/{other}/expire").status_code == 409
+    assert s.request("POST", "/_dev/leases/no-such-job/steal").status_code == 404
+    assert requests.post(s.url + f"/_dev/leases/{job_id}/expire", timeout=5).status_code == 401
+    # the request log: /api/v1 requests only, with the lease id a job route named, oldest first
+    log = s.request("GET", "/_dev/requests").json()
+    beats = [e for e in log if e["path"] == f"/api/v1/jobs/{job_id}/heartbeat"]
+    assert [(e["status"], e["lease_id"]) for e in beats] == [(404, job["lease_id"]), (409, stolen["lease_id"])]
+    assert all(not e["path"].startswith("/_dev") for e in log)
+    assert [e["t"] for e in log] == sorted(e["t"] for e in log)
+    later = s.request("GET", f"/_dev/requests?since={beats[-1]['t']}").json()
+    assert later and all(e["t"] > beats[-1]["t"] for e in later)
+
+
+def test_fault_status_answers_408_or_another_5xx(dev_server):
+    s = dev_server
+    assert s.request("POST", "/_dev/faults", json={"fail_503": 1.0, "fail_status": 502}).json()["fail_status"] == 502
+    r = s.request("GET", "/api/v1/jobs/stats")
+    assert r.status_code == 502 and r.json()["code"] == "BAD_GATEWAY"
+    s.request("POST", "/_dev/faults", json={"fail_status": 408})
+    assert s.request("GET", "/api/v1/jobs/stats").status_code == 408
+    assert s.request("POST", "/_dev/faults", json={"fail_status": 404}).status_code == 400
+    s.request("POST", "/_dev/faults", json={"fail_503": 0, "fail_status": 503})
+    assert s.request("GET", "/api/v1/jobs/stats").status_code == 200

@@ -9,4 +9,5 @@ Modules, one concern each:
   store    -- every SQL statement and transaction (SQLite, WAL)
   sweeps   -- background lease recovery and stale-worker reaper
   faults   -- fault injection and per-org rate limiting
+  devtools -- dev-only routes: lose a lease on demand, the request log
 """

@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
+from . import devtools
 from . import handlers as h
 from .errors import STATUS_CODES, ApiError, invalid_json
 from .faults import RequestStats
@@ -39,6 +40,9 @@ ROUTES = [
     ("GET", "/_dev/faults", h.get_faults, DEV),
     ("POST", "/_dev/faults", h.set_faults, DEV),
     ("GET", "/_dev/stats", h.get_stats, DEV),
+    ("GET", "/_dev/requests", devtools.get_requests, DEV),
+    ("POST", "/_dev/leases/{id}/expire", devtools.expire_lease, DEV),
+    ("POST", "/_dev/leases/{id}/steal", devtools.steal_lease, DEV),
     ("POST", "/api/v1/organizations", h.create_org, API),
     ("POST", "/api/v1/workers/register", h.register_worker, API),
     ("GET", "/api/v1/workers", h.list_workers, API),
@@ -153,6 +157,7 @@ class App:
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
+        self.requests = devtools.RequestLog()  # GET /_dev/requests
 
     def authenticate(self, headers) -> str:
         auth = headers.get("authorization")
@@ -362,6 +367,7 @@ class Handler(BaseHTTPRequestHandler):
             self._write(e.status, e.body, e.headers, close=True)
             return
         status, body, headers, cut = self.app.handle(req)
+        self.app.requests.record(req.method, path, status, req.body)
         if path.startswith("/api/"):
             headers["x-api-version"] = "1"
         self._write(status, body, headers, cut=cut)
