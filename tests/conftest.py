@@ -1,16 +1,21 @@
 """Shared test helpers: start the real dev server and the real daemon as subprocesses.
 
-Every helper polls for a condition with a deadline; none sleeps a fixed time.
+Every helper polls for a condition with a deadline; none sleeps a fixed time. Every DevServer and
+Daemon started during a test is ended, with its whole process group, when the test ends, however it
+ends (`_owned_processes`); subprocesses get a TMPDIR of their own, removed afterwards, and write no
+bytecode into the checkout. In CI (CI set), a skip whose reason is not in EXPECTED_SKIPS fails the run.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +25,72 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout from what the tests import
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # nor from the subprocesses they start
+
+# Skips CI accepts (a substring of the reason). Anything else skipped with CI set fails the session.
+EXPECTED_SKIPS: tuple[str, ...] = ()
+
+_STARTED: list[subprocess.Popen] = []  # every process a helper started; ended by _owned_processes
+
+
+def end_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the process, wait up to `grace`, then SIGKILL its process group (children included)."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(grace)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group (forkserver, children)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _owned_processes(monkeypatch):
+    """Own every DevServer / Daemon a test starts: end them (and their process groups) at teardown.
+    Subprocesses get a short TMPDIR of their own (multiprocessing's pymp-* dirs land there), removed after."""
+    tmp = tempfile.mkdtemp(prefix="sst-")  # short: AF_UNIX paths inside it stay under 107 bytes
+    monkeypatch.setenv("TMPDIR", tmp)
+    mark = len(_STARTED)
+    try:
+        yield
+    finally:
+        started, _STARTED[mark:] = _STARTED[mark:], []
+        for proc in reversed(started):  # daemons (started after their server) first
+            end_process_group(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_SKIPS: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPS.append((report.nodeid, reason))
+
+
+def unexpected_skips() -> list[tuple[str, str]]:
+    return [(node, reason) for node, reason in _SKIPS if not any(ok in reason for ok in EXPECTED_SKIPS)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI") and unexpected_skips() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if os.environ.get("CI") and unexpected_skips():
+        terminalreporter.section("skips not allowed in CI (CI is set)", red=True)
+        for node, reason in unexpected_skips():
+            terminalreporter.line(f"{node}: {reason}")
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
@@ -99,7 +170,9 @@ class DevServer:
         env.pop("SPOOLED_API_KEY", None)
         env.update(self.env or {})
         cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db, *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, start_new_session=True)
+        _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         self.api_key = self.out.wait_for(r"API key: (\S+)").group(1)
         self.out.wait_for(r"listening on http://")
@@ -118,8 +191,9 @@ class DevServer:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                pass
+        if self.proc:
+            end_process_group(self.proc)
 
     # --- a tiny raw client for tests ---
     def headers(self, key: str | None = None) -> dict:
@@ -195,6 +269,7 @@ class Daemon:
     def start(self) -> Daemon:
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
+        _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         return self
 
@@ -223,13 +298,8 @@ class Daemon:
         return self.proc.wait(timeout)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        if self.proc:
+            end_process_group(self.proc, grace=20)
 
     def busy_child(self, job_id: str) -> int:
         """The pid of the child whose process title says it runs `job_id` (polled until one does)."""
@@ -281,3 +351,21 @@ def wait_for_status(server: DevServer, job_ids, statuses=("completed",), timeout
         return jobs if all(j["status"] in statuses for j in jobs) else None
 
     return wait_until(check, timeout=timeout, interval=0.1, what=f"jobs to reach {statuses}")
+
+
+def scrape(port: int) -> dict:
+    """The daemon's /metrics on `port` as {(name, frozenset(labels.items())): value}."""
+    samples = {}
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$', line)
+        if m:
+            labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            samples[(m.group(1), labels)] = float(m.group(3))
+    return samples
+
+
+def metric(port: int, name: str, **labels) -> float:
+    """One sample of the daemon's /metrics (0 if absent); `name` without the spooled_supervisor_ prefix."""
+    key = ("spooled_supervisor_" + name, frozenset((k, str(v)) for k, v in labels.items()))
+    return scrape(port).get(key, 0.0)

@@ -1,13 +1,14 @@
 """Extra handlers for the resilience tests (imported by the daemon's children as tests.handlers_chaos).
 
 `flaky_boot`: importing this module fails while the file named by $CHAOS_BOOT_FAIL_FLAG exists,
-so a test can make every *new* child die while starting. `slow_first`: long only on the first delivery. `leak`: keeps what it allocates in a
-module global, so the child's RSS stays high after the job (for --max-memory-per-child).
+so a test can make every *new* child die while starting. `slow_first` (CPU) and `sleep_first`: long only
+on the first delivery. `leak`: keeps what it allocates in a module global, so the child's RSS stays high after the job (for --max-memory-per-child).
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from supervisor.demo_handlers import burn_cpu, misbehave
 
@@ -27,6 +28,10 @@ def handle(ctx):
             block[i] = 1
         _KEPT.append(block)
         return {"kept_mb": sum(len(b) for b in _KEPT) // 2**20, "pid": os.getpid()}
+    if p.get("do") == "sleep_first":  # a long sleep on the first delivery only (a copy to lose the lease of)
+        if ctx.retry_count == 0:
+            time.sleep(float(p.get("secs", 30)))
+        return {"retry_count": ctx.retry_count, "pid": os.getpid(), "lease_id": ctx.lease_id}
     if p.get("do") == "slow_first":  # long CPU work on the first delivery only
         if ctx.retry_count == 0:
             burn_cpu(float(p.get("ms", 30000)))

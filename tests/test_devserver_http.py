@@ -371,10 +371,13 @@ def test_dev_lease_switches_and_request_log(dev_server):
     assert s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat", json=body).status_code == 404
     assert s.request("POST", f"/api/v1/jobs/{job_id}/complete", json=body).status_code == 404
     assert s.job(job_id)["assigned_worker_id"] == "thief"
-    # expire: the thief's renewal is refused with 409 LEASE_EXPIRED, then the sweep hands the job out again
-    assert s.request("POST", f"/_dev/leases/{job_id}/expire").status_code == 200
-    r = s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat", json={"worker_id": "thief", "lease_id": stolen["lease_id"]})
+    # stolen again by the same worker: its old lease id is stale, so its renewal meets 409 LEASE_EXPIRED
+    assert s.steal_lease(job_id, "thief")["lease_id"] != stolen["lease_id"]
+    r = s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat",
+                  json={"worker_id": "thief", "lease_id": stolen["lease_id"]})
     assert r.status_code == 409 and r.json()["code"] == "LEASE_EXPIRED"
+    # expire: the sweep hands the job out again
+    assert s.request("POST", f"/_dev/leases/{job_id}/expire").status_code == 200
     again = wait_until(lambda: claim(s, "lease-dev", "second"), timeout=10, what="the job handed out again")[0]
     assert again["id"] == job_id and again["retry_count"] == 1
     # only processing jobs have a lease to lose

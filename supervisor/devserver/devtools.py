@@ -1,9 +1,10 @@
 """Dev-only routes for testing a worker: lose a lease on demand, and see the requests the server got.
 
-  POST /_dev/leases/{id}/expire  -- the job's lease expires now (the sweep re-issues it; the holder's
-                                    renewal or report gets 409 LEASE_EXPIRED)
+  POST /_dev/leases/{id}/expire  -- the job's lease expires now: the sweep re-issues it (the holder gets
+                                    409 LEASE_EXPIRED until the sweep runs, 404 after)
   POST /_dev/leases/{id}/steal   -- {"worker_id": W, "lease_duration_secs": N}: the job is re-issued to W
-                                    under a new lease (the holder gets 404); answers the new lease
+                                    under a new lease; answers it. The holder gets 404 (W is another
+                                    worker) or 409 LEASE_EXPIRED (W is the holder: its lease id is stale)
   GET  /_dev/requests            -- the last 10,000 /api/v1 requests, oldest first: method, path, status,
                                     lease_id (from a job route's body), t (Unix seconds, when answered);
                                     `?since=T` keeps those answered after T

@@ -21,7 +21,6 @@ import time
 
 from .errors import ApiError
 
-
 _FAULT_CODES = {408: "REQUEST_TIMEOUT", 502: "BAD_GATEWAY", 503: "SERVICE_UNAVAILABLE", 504: "GATEWAY_TIMEOUT"}
 
 

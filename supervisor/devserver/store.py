@@ -728,8 +728,8 @@ class Store:
 
     # ---- dev tools: lose a lease on demand (POST /_dev/leases/{id}/expire | steal) ----
     def expire_lease(self, org: str, job_id: str) -> None:
-        """Make a processing job's lease expire now: the next sweep hands the job out again, and the
-        holder's renewal or report meets 409 LEASE_EXPIRED."""
+        """Make a processing job's lease expire now: the next sweep hands the job out again (until then the
+        holder's renewal or report meets 409 LEASE_EXPIRED, after it 404)."""
         now = time.time()
         with self._tx() as db:
             cur = db.execute("UPDATE jobs SET lease_expires_at=?, updated_at=? WHERE id=? AND organization_id=? "
@@ -738,8 +738,8 @@ class Store:
                 raise self._not_processing(db, org, job_id)
 
     def steal_lease(self, org: str, job_id: str, worker_id: str, secs: int) -> dict:
-        """Re-issue a processing job to `worker_id` under a new lease, as a claim by that worker would:
-        the old holder's renewal or report meets 404 (no longer its job)."""
+        """Re-issue a processing job to `worker_id` under a new lease, as a claim by that worker would: the
+        old holder's renewal or report meets 404 (another worker's job now) or 409 (its lease id is stale)."""
         now = time.time()
         lease_id = f"{uuid.uuid4()}-{job_id}"
         with self._tx() as db:
