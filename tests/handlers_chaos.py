@@ -12,6 +12,10 @@ import time
 
 from supervisor.demo_handlers import burn_cpu, misbehave
 
+if os.environ.get("CHAOS_BOOT_LOG"):  # every child's import (its start) appended as a Unix time
+    with open(os.environ["CHAOS_BOOT_LOG"], "a") as _log:
+        _log.write(f"{time.time()}\n")
+
 _FLAG = os.environ.get("CHAOS_BOOT_FAIL_FLAG")
 if _FLAG and os.path.exists(_FLAG):
     raise RuntimeError(f"boot failure requested by {_FLAG}")

@@ -10,6 +10,8 @@ import psutil
 import pytest
 from conftest import Daemon, DevServer, wait_for_status, wait_until
 
+from supervisor import __version__
+
 HANDLER = "supervisor.demo_handlers:misbehave"
 
 
@@ -204,7 +206,15 @@ def test_heartbeat_titles_and_metadata(tmp_path):
                 return worker if meta.get("busy") == 1 and worker["current_jobs"] == 1 else None
 
             worker = wait_until(heartbeat_seen, timeout=10, what="a heartbeat with one busy child")
-            assert worker["metadata"]["procs"] == 2 and "cpu_percent" in worker["metadata"]
+            meta = worker["metadata"]
+            assert meta["procs"] == 2 and meta["busy"] == 1 and meta["children"] == 2, meta
+            assert meta["pid"] == daemon.proc.pid and meta["version"] == __version__, meta
+            cores = psutil.cpu_count() or 1
+            for name, top in (("cpu_percent", 100.0 * cores * 3), ("memory_percent", 100.0)):
+                value = meta[name]  # of the parent and its children, summed
+                assert isinstance(value, (int, float)) and not isinstance(value, bool), meta
+                assert 0.0 <= value <= top, meta
+            assert meta["memory_percent"] > 0.0  # three Python processes hold some memory
             assert worker["status"] == "healthy"
             procs = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
             titles = [" ".join(p.cmdline()).strip() for p in procs]
