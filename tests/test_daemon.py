@@ -38,12 +38,9 @@ def test_cpu_bound_jobs_run_procs_at_a_time(dev_server, daemon_factory):
     jobs = wait_for_status(dev_server, ids, timeout=40)
     assert len({j["result"]["pid"] for j in jobs}) == 2
     spans = [(j["result"]["t0"], j["result"]["t1"]) for j in jobs]  # as the handler saw it
-    busy = sum(end - start for start, end in spans)
-    wall = max(end for _, end in spans) - min(start for start, _ in spans)
-    # 6 jobs x 0.3 s of CPU on 2 children: about 0.9 s of wall time, so about 2 at a time.
-    assert busy / wall > 1.6, (busy, wall)
-    for t in (s for s, _ in spans):
-        assert sum(1 for s, e in spans if s <= t < e) <= 2  # never more than --procs at once
+    # An ordering, not a duration (the machine may be loaded): two jobs did overlap, never three.
+    at_once = [sum(1 for s, e in spans if s <= t < e) for t in (s for s, _ in spans)]
+    assert max(at_once) == 2, spans
 
 
 @pytest.mark.timeout(60)
@@ -88,13 +85,13 @@ def test_job_over_its_timeout_is_killed_and_failed_while_others_carry_on(dev_ser
 @pytest.mark.timeout(60)
 def test_sigterm_drains_in_flight_jobs_deregisters_and_exits_0(dev_server, daemon_factory):
     ids = [dev_server.enqueue("q-drain", {"do": "sleep", "secs": 2}) for _ in range(2)]
-    daemon = daemon_factory("q-drain", procs=2, worker_id="w-drain", args=["--drain-timeout", "20"])
+    daemon = daemon_factory("q-drain", procs=2, worker_id="w-drain", args=["--drain-timeout", "60"])
     wait_for_status(dev_server, ids, statuses=("processing",), timeout=20)
     later = dev_server.enqueue("q-drain", {"do": "echo"})
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(25) == 0
-    assert time.monotonic() - started < 20
+    assert daemon.wait(50) == 0
+    assert time.monotonic() - started < 40  # left when the jobs were done, not after the 60 s drain timeout
     assert all(j["status"] == "completed" for j in (dev_server.job(i) for i in ids))
     assert dev_server.job(later)["status"] == "pending"  # no claim after the signal
     assert dev_server.worker("w-drain")["status"] == "offline"
@@ -108,8 +105,8 @@ def test_drain_timeout_hands_unfinished_jobs_back_at_once(dev_server, daemon_fac
     wait_for_status(dev_server, [job_id], statuses=("processing",), timeout=20)
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(15) == 0
-    assert time.monotonic() - started < 8
+    assert daemon.wait(30) == 0
+    assert time.monotonic() - started < 30  # the 1 s drain timeout, not the 60 s job
     job = dev_server.job(job_id)
     assert job["status"] == "pending" and job["retry_count"] == 0  # released by deregister, not failed
 
@@ -123,8 +120,8 @@ def test_second_sigterm_stops_at_once(dev_server, daemon_factory):
     daemon.out.wait_for(r"stop signal: draining")
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(10) == 0
-    assert time.monotonic() - started < 5
+    assert daemon.wait(30) == 0
+    assert time.monotonic() - started < 30  # at once, not after the 60 s drain timeout
     assert daemon.events("second stop signal: stopping at once")
     assert all(dev_server.job(i)["status"] == "pending" for i in ids)
     assert dev_server.worker("w-fast")["status"] == "offline"

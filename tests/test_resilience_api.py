@@ -71,32 +71,34 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
     assert d.proc.returncode == 0
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_slow_api_never_stalls_the_loop(server):
-    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "1", "--drain-timeout", "20"]).start()
+    # Every API call hangs 30 s and the daemon waits 10 s for each: a loop that waited on the network would
+    # notice a death or a signal 10 s late; seconds of slack still tell the two apart.
+    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "10", "--drain-timeout", "60"]).start()
     try:
         d.wait_ready()
         job_id = server.enqueue("slow", {"do": "sleep", "secs": 60}, max_retries=0)
         victim = d.busy_child(job_id)
-        r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 4000, "cut": 0})
+        r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 30000, "cut": 0})
         assert r.status_code == 200, r.text
-        # With every API call hanging 4 s, a child's death is still seen at once...
-        wait_until(lambda: d.events("claim failed"), timeout=15, what="a claim timing out")
+        # With every API call hanging, a child's death is still seen at once...
+        wait_until(lambda: d.events("claim failed"), timeout=30, what="a claim timing out")
         killed = time.time()
         os.kill(victim, signal.SIGKILL)
         died = wait_until(lambda: d.events("child died during a job"), timeout=5, what="the death noticed")[0]
-        assert parse_ts(died["ts"]) - killed < 0.5, died
+        assert parse_ts(died["ts"]) - killed < 5, died
         wait_until(lambda: len(d.child_pids()) == 2, timeout=5, what="the child replaced")
         assert any("TIMEOUT" in e["error"] for e in d.events("claim failed"))
         # ...and so is a signal.
         d.signal(signal.SIGTERM)
         signalled = time.time()
         draining = wait_until(lambda: d.events("stop signal: draining"), timeout=5, what="the drain to start")[0]
-        assert parse_ts(draining["ts"]) - signalled < 0.5
+        assert parse_ts(draining["ts"]) - signalled < 5
         # The failure report waits for the API; once it answers again it is delivered and the daemon exits 0.
-        wait_until(lambda: d.events("fail not delivered yet; will retry"), timeout=15, what="the report retried")
+        wait_until(lambda: d.events("fail not delivered yet; will retry"), timeout=30, what="the report retried")
         server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
-        assert d.wait(30) == 0
+        assert d.wait(60) == 0
         job = server.job(job_id)
         assert job["status"] == "deadletter"
         assert f"(pid {victim}) killed by SIGKILL (possibly out of memory)" in job["last_error"]
