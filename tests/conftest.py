@@ -34,6 +34,12 @@ EXPECTED_SKIPS: tuple[str, ...] = ()
 _STARTED: list[subprocess.Popen] = []  # every process a helper started; ended by _owned_processes
 
 
+def own(proc: subprocess.Popen) -> subprocess.Popen:
+    """Hand a process (started with start_new_session=True) to _owned_processes, which ends it after the test."""
+    _STARTED.append(proc)
+    return proc
+
+
 def end_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM the process, wait up to `grace`, then SIGKILL its process group (children included)."""
     if proc.poll() is None:

@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 def test_benchmark_script_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",

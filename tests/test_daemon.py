@@ -43,6 +43,7 @@ def test_cpu_bound_jobs_run_procs_at_a_time(dev_server, daemon_factory):
     assert max(at_once) == 2, spans
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_job_running_three_times_its_lease_completes_with_one_delivery(dev_server, daemon_factory):
     job_id = dev_server.enqueue("q-lease", {"do": "sleep", "secs": 16}, timeout_seconds=60)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import requests
-from conftest import ROOT, DevServer, OutputPump
+from conftest import ROOT, DevServer, OutputPump, own
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,9 +70,9 @@ def test_sigterm_exits_zero_and_given_key_is_used(tmp_path):
 
 
 def test_port_zero_memory_db_and_env_settings(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", ":memory:"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "SPOOLED_DEV_LEASE_DURATION": "45", "SPOOLED_DEV_HEARTBEAT_INTERVAL": "7"})
+    proc = own(subprocess.Popen([sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", ":memory:"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "SPOOLED_DEV_LEASE_DURATION": "45", "SPOOLED_DEV_HEARTBEAT_INTERVAL": "7"}))
     out = OutputPump(proc.stdout)
     try:
         key = out.wait_for(r"API key: (sp_test_\S+)").group(1)

@@ -260,6 +260,7 @@ def test_409_worker_id_owned_by_another_org_exits_5(server):
     assert line and line[0]["level"] == "error" and "409" in line[0]["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_leases_are_renewed_while_every_answer_is_slow(server):
     """Every request takes 1.5 s; a job running 2.5 times its 5 s lease still completes on its first delivery."""
