@@ -41,3 +41,19 @@ def handle(ctx):
             burn_cpu(float(p.get("ms", 30000)))
         return {"retry_count": ctx.retry_count, "pid": os.getpid()}
     return misbehave(ctx)
+
+
+async def coro(ctx):
+    """A coroutine handler: awaited to completion in the child."""
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return {"async": True, "payload": ctx.payload, "pid": os.getpid()}
+
+
+def chatty(ctx):
+    """Uses the SDK's ctx.log and ctx.progress, then returns."""
+    ctx.log("resizing started", step=1)
+    ctx.progress(50, "half way")
+    ctx.progress(100)
+    return {"logged": True}

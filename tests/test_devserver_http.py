@@ -413,3 +413,30 @@ def test_fault_status_answers_408_or_another_5xx(dev_server):
     assert s.request("POST", "/_dev/faults", json={"fail_status": 404}).status_code == 400
     s.request("POST", "/_dev/faults", json={"fail_503": 0, "fail_status": 503})
     assert s.request("GET", "/api/v1/jobs/stats").status_code == 200
+
+
+def test_dlq_purge_really_purges(dev_server):
+    s = dev_server
+    dead = {}
+    for queue, n in (("pa", 2), ("pb", 1)):
+        for i in range(n):
+            jid = s.enqueue(queue, {"i": i}, max_retries=0)
+            job = claim(s, queue)[0]
+            r = s.request("POST", f"/api/v1/jobs/{jid}/fail", json={"worker_id": "w", "lease_id": job["lease_id"],
+                                                                    "error": "bad"})
+            assert r.status_code == 200, r.text
+            dead.setdefault(queue, []).append(jid)
+    kept = s.enqueue("pa", {"alive": True})
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"queue_name": "pa"}).status_code == 400  # no confirm
+    assert s.stats()["deadletter"] == 3
+    r = s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True, "queue_name": "pa"})
+    assert r.status_code == 200 and r.json() == {"purged_count": 2}
+    assert s.request("GET", "/api/v1/jobs/dlq?queue_name=pa").json() == []
+    for jid in dead["pa"]:
+        assert s.request("GET", f"/api/v1/jobs/{jid}").status_code == 404  # gone, not just hidden
+    assert [j["id"] for j in s.request("GET", "/api/v1/jobs/dlq?queue_name=pb").json()] == dead["pb"]
+    assert s.job(kept)["status"] == "pending"  # only dead letters are purged
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True, "queue_name": "pa"}).json() == {
+        "purged_count": 0}
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True}).json() == {"purged_count": 1}
+    assert s.stats()["deadletter"] == 0 and s.stats()["total"] == 1
