@@ -155,7 +155,8 @@ class OutputPump:
                         return m
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n" + "\n".join(self.lines[-50:]))
+                    tail = "\n".join(self.lines[-50:])
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{tail}")
                 self._cond.wait(left)
 
 
@@ -175,9 +176,22 @@ class DevServer:
         env = dict(os.environ)
         env.pop("SPOOLED_API_KEY", None)
         env.update(self.env or {})
-        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db, *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        cmd = [
+            PY,
+            "-m",
+            "supervisor",
+            "dev-server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db",
+            self.db,
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         self.api_key = self.out.wait_for(r"API key: (\S+)").group(1)
@@ -237,8 +251,9 @@ class DevServer:
         assert r.status_code == 200, r.text
 
     def steal_lease(self, job_id: str, worker_id: str = "dev-thief", secs: int = 60) -> dict:
-        r = self.request("POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": worker_id,
-                                                                       "lease_duration_secs": secs})
+        r = self.request(
+            "POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": worker_id, "lease_duration_secs": secs}
+        )
         assert r.status_code == 200, r.text
         return r.json()
 
@@ -258,23 +273,58 @@ def dev_server(tmp_path):
 class Daemon:
     """A real `python -m supervisor run` subprocess; the key reaches it only through its environment."""
 
-    def __init__(self, server: DevServer, queue: str, handler: str = "supervisor.demo_handlers:misbehave",
-                 procs: int = 2, worker_id: str = "test-worker", args: list[str] | None = None, env: dict | None = None,
-                 key: str | None = None):
+    def __init__(
+        self,
+        server: DevServer,
+        queue: str,
+        handler: str = "supervisor.demo_handlers:misbehave",
+        procs: int = 2,
+        worker_id: str = "test-worker",
+        args: list[str] | None = None,
+        env: dict | None = None,
+        key: str | None = None,
+    ):
         self.server = server
         self.queue = queue
         self.worker_id = worker_id
-        self.cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", handler, "--procs", str(procs),
-                    "--api-url", server.url, "--worker-id", worker_id, "--log-format", "json",
-                    "--poll-interval", "0.2", "--kill-grace", "1", *(args or [])]
+        self.cmd = [
+            PY,
+            "-m",
+            "supervisor",
+            "run",
+            "--queue",
+            queue,
+            "--handler",
+            handler,
+            "--procs",
+            str(procs),
+            "--api-url",
+            server.url,
+            "--worker-id",
+            worker_id,
+            "--log-format",
+            "json",
+            "--poll-interval",
+            "0.2",
+            "--kill-grace",
+            "1",
+            *(args or []),
+        ]
         self.env = dict(os.environ)
         self.env["SPOOLED_API_KEY"] = key or server.api_key
         self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Daemon:
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         return self
@@ -352,6 +402,7 @@ def daemon_factory(dev_server):
 
 def wait_for_status(server: DevServer, job_ids, statuses=("completed",), timeout: float = 30.0) -> list[dict]:
     """Poll until every job reaches one of `statuses`; return the jobs as the server reports them."""
+
     def check():
         jobs = [server.job(j) for j in job_ids]
         return jobs if all(j["status"] in statuses for j in jobs) else None
@@ -364,7 +415,7 @@ def scrape(port: int) -> dict:
     samples = {}
     text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
     for line in text.splitlines():
-        m = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$', line)
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$", line)
         if m:
             labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
             samples[(m.group(1), labels)] = float(m.group(3))

@@ -2,7 +2,9 @@
 
 `flaky_boot`: importing this module fails while the file named by $CHAOS_BOOT_FAIL_FLAG exists,
 so a test can make every *new* child die while starting. `slow_first` (CPU) and `sleep_first`: long only
-on the first delivery. `leak`: keeps what it allocates in a module global, so the child's RSS stays high after the job (for --max-memory-per-child).
+on the first delivery. `leak`: keeps what it allocates in a module global, so the child's RSS stays high
+after the job (for --max-memory-per-child). `coro`: a coroutine handler. `chatty`: ctx.log and ctx.progress.
+$CHAOS_BOOT_LOG: every child appends its start time (the import) to that file.
 """
 
 from __future__ import annotations

@@ -175,7 +175,8 @@ def test_configuration_errors_exit_2_with_one_line(dev_server):
 @pytest.mark.timeout(60)
 def test_payload_of_several_mib_goes_through_the_pipe(tmp_path):
     big = 8 * 2**20
-    server = DevServer(str(tmp_path / "big.db"), extra=["--max-payload-bytes", str(big), "--max-body-bytes", str(2 * big)]).start()
+    limits = ["--max-payload-bytes", str(big), "--max-body-bytes", str(2 * big)]
+    server = DevServer(str(tmp_path / "big.db"), extra=limits).start()
     try:
         blob = "z" * (5 * 2**20)
         ids = [server.enqueue("q-big", {"do": "size", "blob": blob}) for _ in range(3)]
@@ -217,8 +218,10 @@ def test_heartbeat_titles_and_metadata(tmp_path):
             procs = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
             titles = [" ".join(p.cmdline()).strip() for p in procs]
             assert any(t.startswith("spooled-supervisor: parent queue=q-hb busy=1/2") for t in titles), titles
-            assert any(t == f"spooled-supervisor: child 0 busy {job_id}" or t == f"spooled-supervisor: child 1 busy {job_id}"
-                       for t in titles), titles
+            assert any(
+                t == f"spooled-supervisor: child 0 busy {job_id}" or t == f"spooled-supervisor: child 1 busy {job_id}"
+                for t in titles
+            ), titles
             assert any(t.endswith("idle") and "child" in t for t in titles), titles
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(20) == 0

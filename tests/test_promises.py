@@ -9,13 +9,32 @@ import signal
 import psutil
 import pytest
 import requests
-from conftest import PY, Daemon, DevServer, free_port, metric, parse_ts, wait_for_status, wait_until
+from conftest import (
+    PY,
+    Daemon,
+    DevServer,
+    end_process_group,
+    free_port,
+    metric,
+    parse_ts,
+    wait_for_status,
+    wait_until,
+)
 
 from supervisor.ops import hooks as hooks_module
 from supervisor.ops.health import liveness
 
 CHAOS = "tests.handlers_chaos"
 DONE = ("completed", "failed", "deadletter")
+
+
+@pytest.fixture
+def stopped(dev_server):
+    """Daemons appended here are stopped before the dev server is (so they can deregister)."""
+    daemons: list[Daemon] = []
+    yield daemons
+    for d in daemons:
+        d.stop()
 
 
 def status_of(port: int) -> dict:
@@ -57,9 +76,10 @@ def test_children_ignore_a_terminals_sigint_and_finish_their_job(dev_server, dae
 
 
 @pytest.mark.timeout(60)
-def test_sigttou_lets_a_busy_child_finish_its_job_before_leaving(dev_server):
+def test_sigttou_lets_a_busy_child_finish_its_job_before_leaving(dev_server, stopped):
     port = free_port()
     d = Daemon(dev_server, "q-ttou", procs=2, worker_id="w-ttou", args=["--health-port", str(port)]).start()
+    stopped.append(d)
     d.wait_ready()
     ids = [dev_server.enqueue("q-ttou", {"do": "sleep", "secs": 3}) for _ in range(2)]
     pids = {d.busy_child(job_id) for job_id in ids}
@@ -109,8 +129,10 @@ def test_a_registration_refused_as_invalid_exits_2(tmp_path):
 # ---------------------------------------------------------------- API failures
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("status", [408, 500, 502, 504])
-def test_408_and_5xx_other_than_503_are_retried_and_lose_nothing(dev_server, status):
-    d = Daemon(dev_server, "q-5xx", procs=1, worker_id="w-5xx").start().wait_ready()
+def test_408_and_5xx_other_than_503_are_retried_and_lose_nothing(dev_server, stopped, status):
+    d = Daemon(dev_server, "q-5xx", procs=1, worker_id="w-5xx").start()
+    stopped.append(d)
+    d.wait_ready()
     job_id = dev_server.enqueue("q-5xx", {"do": "sleep", "secs": 1.5})
     d.busy_child(job_id)
     dev_server.set_faults(fail_503=1.0, fail_status=status)  # every API call answered `status`
@@ -151,7 +173,7 @@ def test_ctx_log_and_ctx_progress_reach_the_daemons_log(dev_server, daemon_facto
 
 # ---------------------------------------------------------------- environment
 @pytest.mark.timeout(60)
-def test_the_environment_variables_take_effect(dev_server, tmp_path):
+def test_the_environment_variables_take_effect(dev_server, stopped, tmp_path):
     """No flag at all: every setting from SPOOLED_* variables, checked by what the daemon then does."""
     port = free_port()
     key_file = tmp_path / "key"
@@ -165,7 +187,8 @@ def test_the_environment_variables_take_effect(dev_server, tmp_path):
            "SPOOLED_API_TIMEOUT": "10"}
     d = Daemon(dev_server, "unused", worker_id="unused", env=env)
     d.cmd = [PY, "-m", "supervisor", "run"]
-    d.start().wait_ready()
+    stopped.append(d.start())
+    d.wait_ready()
     snap = wait_until(lambda: (lambda s: s if len(s["children"]) == 3 else None)(status_of(port)), timeout=15,
                       what="three children (SPOOLED_PROCS)")
     assert snap["worker_id"] == "w-from-env" and snap["queue"] == "q-env" and snap["procs"] == 3
@@ -219,25 +242,30 @@ def test_healthz_turns_503_after_300_s_without_the_api(monkeypatch, tmp_path):
 def test_healthz_stays_200_while_the_api_is_down_for_less_than_300_s(tmp_path):
     server = DevServer(str(tmp_path / "dev.db")).start()
     port = free_port()
-    d = Daemon(server, "q-down", procs=1, worker_id="w-down", args=["--health-port", str(port)]).start().wait_ready()
-    server.stop()
-    wait_until(lambda: d.events("claim failed") or d.events("heartbeat failed"), timeout=20, what="the API down")
-    wait_until(lambda: status_of(port)["api_age_secs"] >= 2, timeout=20, what="two seconds of API silence")
-    r = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
-    assert r.status_code == 200, r.text  # the daemon is fine; only a 300 s silence is unhealthy
-    assert d.proc.poll() is None
+    d = Daemon(server, "q-down", procs=1, worker_id="w-down", args=["--health-port", str(port)]).start()
+    try:
+        d.wait_ready()
+        server.stop()
+        wait_until(lambda: d.events("claim failed") or d.events("heartbeat failed"), timeout=20, what="the API down")
+        wait_until(lambda: status_of(port)["api_age_secs"] >= 2, timeout=20, what="two seconds of API silence")
+        r = requests.get(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert r.status_code == 200, r.text  # the daemon is fine; only a 300 s silence is unhealthy
+        assert d.proc.poll() is None
+    finally:
+        end_process_group(d.proc, grace=0)  # it cannot deregister: no drain to wait for
 
 
 # ---------------------------------------------------------------- metrics from a real daemon
 @pytest.mark.timeout(90)
-def test_outcomes_and_child_restarts_in_metrics_of_a_real_daemon(dev_server):
+def test_outcomes_and_child_restarts_in_metrics_of_a_real_daemon(dev_server, stopped):
     port = free_port()
     d = Daemon(dev_server, "q-out", procs=2, worker_id="w-out", args=["--health-port", str(port)]).start()
+    stopped.append(d)
     d.wait_ready()
     cases = {"completed": {"do": "echo"}, "failed": {"do": "raise"}, "timed_out": {"do": "hang"},
              "crashed": {"do": "os_exit", "code": 9}}
     ids = {k: dev_server.enqueue("q-out", p, max_retries=0, timeout_seconds=1) for k, p in cases.items()}
-    jobs = dict(zip(ids, wait_for_status(dev_server, list(ids.values()), DONE, timeout=30)))
+    jobs = dict(zip(ids, wait_for_status(dev_server, list(ids.values()), DONE, timeout=30), strict=False))
     assert jobs["completed"]["status"] == "completed"
     assert jobs["timed_out"]["last_error"].startswith("JobTimeout")
     assert jobs["crashed"]["last_error"].startswith("ChildProcessDied") and "code 9" in jobs["crashed"]["last_error"]

@@ -28,7 +28,9 @@ def new_org(server: DevServer, slug: str) -> str:
 
 @pytest.fixture
 def server(tmp_path):
-    s = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--heartbeat-interval", "1"]).start()
+    s = DevServer(
+        str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--heartbeat-interval", "1"]
+    ).start()
     yield s
     s.stop()
 
@@ -44,12 +46,20 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
         server.stop()  # connection refused from now on
         down_at = time.time()
         # The jobs finish while the API is down; the daemon keeps their results and keeps trying.
-        wait_until(lambda: {e["job_id"] for e in d.events("complete not delivered yet; will retry")} >= set(ids),
-                   timeout=10, what="both results held back during the outage")
-        assert all("NETWORK_ERROR" in e["error"] or "CONNECTION" in e["error"]
-                   for e in d.events("complete not delivered yet; will retry"))
-        wait_until(lambda: d.events("claim failed") and d.events("heartbeat failed"), timeout=10,
-                   what="claims and heartbeats failing during the outage")
+        wait_until(
+            lambda: {e["job_id"] for e in d.events("complete not delivered yet; will retry")} >= set(ids),
+            timeout=10,
+            what="both results held back during the outage",
+        )
+        assert all(
+            "NETWORK_ERROR" in e["error"] or "CONNECTION" in e["error"]
+            for e in d.events("complete not delivered yet; will retry")
+        )
+        wait_until(
+            lambda: d.events("claim failed") and d.events("heartbeat failed"),
+            timeout=10,
+            what="claims and heartbeats failing during the outage",
+        )
         assert d.proc.poll() is None  # the daemon never exits because the API is down
 
         server = DevServer(server.db, port=server.port, extra=server.extra).start()  # same port, same records
@@ -62,8 +72,11 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
         # Claiming and heartbeats resume by themselves.
         more = server.enqueue("outage", {"do": "echo"})
         assert wait_for_status(server, [more], timeout=15)[0]["status"] == "completed"
-        wait_until(lambda: parse_ts(server.worker("test-worker")["last_heartbeat"]) > up_at, timeout=15,
-                   what="a heartbeat after the API came back")
+        wait_until(
+            lambda: parse_ts(server.worker("test-worker")["last_heartbeat"]) > up_at,
+            timeout=15,
+            what="a heartbeat after the API came back",
+        )
         assert d.proc.poll() is None
     finally:
         d.stop()
@@ -108,8 +121,10 @@ def test_a_slow_api_never_stalls_the_loop(server):
 
 @pytest.mark.timeout(90)
 def test_503s_and_cut_answers_lose_no_job(tmp_path):
-    server = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25",
-                                                       "--fault-cut", "0.1", "--fault-seed", "4"]).start()
+    server = DevServer(
+        str(tmp_path / "dev.db"),
+        extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25", "--fault-cut", "0.1", "--fault-seed", "4"],
+    ).start()
     d = Daemon(server, "faulty", procs=2, args=["--lease", "5"]).start()
     try:
         # Enqueue with the faults off for the test's own client, then turn them back on.
@@ -146,10 +161,19 @@ def test_429_honours_retry_after(tmp_path):
     d = Daemon(server, "limited", procs=2, args=["--poll-interval", "0.05"]).start()
     try:
         ids = []
-        for i in range(6):
-            ids.append(wait_until(lambda: (lambda r: r.json()["id"] if r.status_code == 201 else None)(
-                server.request("POST", "/api/v1/jobs", json={"queue_name": "limited", "payload": {"do": "echo"}})),
-                timeout=10, interval=0.3, what="an enqueue under the rate limit"))
+        for _i in range(6):
+            ids.append(
+                wait_until(
+                    lambda: (lambda r: r.json()["id"] if r.status_code == 201 else None)(
+                        server.request(
+                            "POST", "/api/v1/jobs", json={"queue_name": "limited", "payload": {"do": "echo"}}
+                        )
+                    ),
+                    timeout=10,
+                    interval=0.3,
+                    what="an enqueue under the rate limit",
+                )
+            )
 
         def done():
             r = server.request("GET", "/api/v1/jobs?queue_name=limited&status=completed&limit=50")
@@ -159,7 +183,7 @@ def test_429_honours_retry_after(tmp_path):
         # From the server's side: after every claim answered 429 (Retry-After: 1 at least), the next claim
         # came no sooner than the Retry-After.
         claims = [e for e in server.requests_seen() if e["path"] == "/api/v1/jobs/claim"]
-        gaps = [(b["t"] - a["t"]) for a, b in zip(claims, claims[1:]) if a["status"] == 429]
+        gaps = [(b["t"] - a["t"]) for a, b in zip(claims, claims[1:], strict=False) if a["status"] == 429]
         assert gaps, "the daemon never hit the rate limit"
         assert min(gaps) >= 0.98, gaps
         assert d.proc.poll() is None
@@ -171,18 +195,27 @@ def test_429_honours_retry_after(tmp_path):
 @pytest.mark.timeout(60)
 def test_quota_exceeded_at_registration_retries_with_back_off(tmp_path):
     server = DevServer(str(tmp_path / "dev.db"), extra=["--max-workers", "1"]).start()
-    r = server.request("POST", "/api/v1/workers/register",
-                       json={"queue_name": "cap", "worker_id": "squatter", "hostname": "elsewhere"})
+    r = server.request(
+        "POST", "/api/v1/workers/register", json={"queue_name": "cap", "worker_id": "squatter", "hostname": "elsewhere"}
+    )
     assert r.status_code in (200, 201), r.text
     d = Daemon(server, "cap", procs=1).start()
     try:
-        events = wait_until(lambda: (lambda ev: ev if len(ev) >= 3 else None)(
-            d.events("worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after about 2 minutes, "
-                     "retrying registration")), timeout=20, what="three registrations refused")
+        events = wait_until(
+            lambda: (lambda ev: ev if len(ev) >= 3 else None)(
+                d.events(
+                    "worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after about 2 minutes, "
+                    "retrying registration"
+                )
+            ),
+            timeout=20,
+            what="three registrations refused",
+        )
         assert events[0]["level"] == "warning" and "QUOTA_EXCEEDED" in events[0]["error"]
         # The back-off as the server saw it: registrations at least [d/2, d] apart, d = 1 s, 2 s, ...
-        tries = [e["t"] for e in server.requests_seen()
-                 if e["path"] == "/api/v1/workers/register" and e["status"] == 429]
+        tries = [
+            e["t"] for e in server.requests_seen() if e["path"] == "/api/v1/workers/register" and e["status"] == 429
+        ]
         assert len(tries) >= 3, tries  # the squatter's own 201 is not counted
         first, second = tries[1] - tries[0], tries[2] - tries[1]
         assert 0.49 <= first <= 1.0 + 5 and 0.99 <= second <= 2.0 + 5, (first, second)
@@ -212,15 +245,20 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
     d = Daemon(server, "auth", procs=2, key=key).start()
     try:
         d.wait_ready()
-        r = server.request("POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}},
-                           key=key)
+        r = server.request(
+            "POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}}, key=key
+        )
         job_id = r.json()["id"]
         d.busy_child(job_id)
         # Revoke the key: stop the server, delete the key's row, start it again on the same port.
         server.stop()
         with sqlite3.connect(server.db) as db:
-            assert db.execute("DELETE FROM api_keys WHERE organization_id=(SELECT id FROM organizations "
-                              "WHERE slug='revoked-org')").rowcount == 1
+            assert (
+                db.execute(
+                    "DELETE FROM api_keys WHERE organization_id=(SELECT id FROM organizations WHERE slug='revoked-org')"
+                ).rowcount
+                == 1
+            )
         server2 = DevServer(server.db, port=server.port, extra=server.extra).start()
         try:
             assert d.wait(30) == 4
@@ -241,7 +279,8 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
         # The job, read back from the server's records (its organization has no key left to ask with).
         with sqlite3.connect(server.db) as db:
             status, retries, worker, started_at = db.execute(
-                "SELECT status, retry_count, assigned_worker_id, started_at FROM jobs WHERE id=?", (job_id,)).fetchone()
+                "SELECT status, retry_count, assigned_worker_id, started_at FROM jobs WHERE id=?", (job_id,)
+            ).fetchone()
         assert (status, retries, worker) == ("processing", 0, "test-worker")
         assert offered[0]["t"] - started_at >= 3.0  # the handler ran its full 3 s before the result was offered
     finally:
@@ -251,8 +290,12 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
 @pytest.mark.timeout(30)
 def test_409_worker_id_owned_by_another_org_exits_5(server):
     other = new_org(server, "other-org")
-    r = server.request("POST", "/api/v1/workers/register",
-                       json={"queue_name": "taken", "worker_id": "shared-id", "hostname": "elsewhere"}, key=other)
+    r = server.request(
+        "POST",
+        "/api/v1/workers/register",
+        json={"queue_name": "taken", "worker_id": "shared-id", "hostname": "elsewhere"},
+        key=other,
+    )
     assert r.status_code in (200, 201), r.text
     d = Daemon(server, "taken", worker_id="shared-id").start()
     assert d.wait(20) == 5

@@ -127,7 +127,7 @@ def test_children_dying_while_starting_back_off_and_report_degraded(tmp_path):
         # times show it: the gap after the n-th failed start is at least d/2 (and not minutes).
         times = [float(t) for t in starts.read_text().split()]
         failed = times[1:]  # after the first child's start: its successor's, then each retry's
-        gaps = [b - a for a, b in zip(failed, failed[1:])]
+        gaps = [b - a for a, b in zip(failed, failed[1:], strict=False)]
         assert len(gaps) >= 3, times
         for n, gap in enumerate(gaps[:4], start=1):
             nominal = 0.5 * 2 ** (n - 1)
