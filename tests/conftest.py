@@ -241,7 +241,8 @@ class DevServer:
 
     # --- the dev-only switches (supervisor/devserver/devtools.py) ---
     def requests_seen(self, since: float = 0.0) -> list[dict]:
-        """The /api/v1 requests the server answered after `since` (Unix time): method, path, status, lease_id, t."""
+        """The /api/v1 requests the server answered after `since` (Unix time): method, path, status, lease_id,
+        received (body read) and t (answered)."""
         r = self.request("GET", f"/_dev/requests?since={since}")
         assert r.status_code == 200, r.text
         return r.json()

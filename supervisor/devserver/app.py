@@ -15,6 +15,7 @@ import socket
 import sqlite3
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote
@@ -366,8 +367,9 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             self._write(e.status, e.body, e.headers, close=True)
             return
+        received = time.time()
         status, body, headers, cut = self.app.handle(req)
-        self.app.requests.record(req.method, path, status, req.body)
+        self.app.requests.record(req.method, path, status, req.body, received)
         if path.startswith("/api/"):
             headers["x-api-version"] = "1"
         self._write(status, body, headers, cut=cut)

@@ -5,9 +5,9 @@
   POST /_dev/leases/{id}/steal   -- {"worker_id": W, "lease_duration_secs": N}: the job is re-issued to W
                                     under a new lease; answers it. The holder gets 404 (W is another
                                     worker) or 409 LEASE_EXPIRED (W is the holder: its lease id is stale)
-  GET  /_dev/requests            -- the last 10,000 /api/v1 requests, oldest first: method, path, status,
-                                    lease_id (from a job route's body), t (Unix seconds, when answered);
-                                    `?since=T` keeps those answered after T
+  GET  /_dev/requests            -- the last 10,000 /api/v1 requests, in the order answered: method, path,
+                                    status, lease_id (from a job route's body), received and t (Unix
+                                    seconds: body read, answer ready); `?since=T` keeps those answered after T
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ class RequestLog:
         self._entries: collections.deque[dict] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
-    def record(self, method: str, path: str, status: int, raw_body: bytes | None) -> None:
+    def record(self, method: str, path: str, status: int, raw_body: bytes | None, received: float) -> None:
         if not path.startswith("/api/v1/"):
             return
         entry = {"method": method, "path": path, "status": status, "lease_id": _lease_id(path, raw_body),
-                 "t": time.time()}
+                 "received": received, "t": time.time()}
         with self._lock:
             self._entries.append(entry)
 
