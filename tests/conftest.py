@@ -144,6 +144,10 @@ class OutputPump:
         with self._cond:
             return "\n".join(self.lines)
 
+    def drain(self, timeout: float = 10.0) -> None:
+        """Once the process has exited: wait until every line it wrote has been read."""
+        self._thread.join(timeout)
+
     def wait_for(self, pattern: str, timeout: float = 15.0) -> re.Match:
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
@@ -348,15 +352,28 @@ class Daemon:
                     found.append(record)
         return found
 
+    def wait_events(self, msg: str, count: int = 1, timeout: float = 15.0, **match) -> list[dict]:
+        """Poll until at least `count` log lines with this `msg` (and these field values) were read; return them.
+        The log is read on a thread: a line the daemon wrote a moment ago may not be in `events` yet."""
+        def found():
+            lines = [e for e in self.events(msg) if all(e.get(k) == v for k, v in match.items())]
+            return lines if len(lines) >= count else None
+
+        return wait_until(found, timeout=timeout, what=f"{count} log line(s) {msg!r} {match or ''}")
+
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self.out.drain()  # every line the daemon wrote is in `events` once it has exited
+        return code
 
     def stop(self) -> None:
         if self.proc:
             end_process_group(self.proc, grace=20)
+            if hasattr(self, "out"):
+                self.out.drain()
 
     def busy_child(self, job_id: str) -> int:
         """The pid of the child whose process title says it runs `job_id` (polled until one does)."""

@@ -26,7 +26,7 @@ def test_all_jobs_completed_with_their_results_by_this_worker(dev_server, daemon
         assert job["retry_count"] == 0
     worker = dev_server.worker("w-all")
     assert worker["jobs_processed"] == 30 and worker["jobs_failed"] == 0
-    assert len(daemon.events("job completed")) == 30
+    assert len(daemon.wait_events("job completed", 30)) == 30
     line = daemon.events("job completed")[0]
     assert {"job_id", "queue", "worker_id", "pid", "duration"} <= set(line)
 
@@ -52,7 +52,7 @@ def test_job_running_three_times_its_lease_completes_with_one_delivery(dev_serve
     assert job["retry_count"] == 0  # the lease was never lost, so never delivered twice
     assert job["result"]["slept"] == 16
     assert dev_server.worker("w-lease")["jobs_processed"] == 1
-    assert len(daemon.events("job completed")) == 1
+    assert len(daemon.wait_events("job completed", 1)) == 1
     assert not daemon.events("lease lost; stopping the job's work")
 
 
@@ -79,7 +79,7 @@ def test_job_over_its_timeout_is_killed_and_failed_while_others_carry_on(dev_ser
     assert job["last_error"].startswith("JobTimeout: the job ran past its timeout of 2 s")
     done = wait_for_status(dev_server, others, timeout=30)
     assert len({j["result"]["pid"] for j in done}) >= 2  # a fresh child replaced the hung one
-    assert daemon.events("job timed out; stopping its child")
+    assert daemon.wait_events("job timed out; stopping its child")
     assert daemon.proc.poll() is None
 
 

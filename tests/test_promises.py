@@ -203,8 +203,8 @@ def test_the_environment_variables_take_effect(dev_server, stopped, tmp_path):
     ids = [dev_server.enqueue("q-env", {"do": "sleep", "secs": 0.3}) for _ in range(6)]
     jobs = wait_for_status(dev_server, [held, *ids], timeout=30)
     assert {j["assigned_worker_id"] for j in jobs} == {"w-from-env"}
-    recycled = [e for e in d.events("replacing child") if e["reason"] == "max_jobs"]
-    assert recycled and all(e["jobs_done"] == 2 for e in recycled)  # SPOOLED_MAX_JOBS_PER_CHILD
+    recycled = d.wait_events("replacing child", reason="max_jobs")
+    assert all(e["jobs_done"] == 2 for e in recycled)  # SPOOLED_MAX_JOBS_PER_CHILD
     assert d.events("job started")  # a DEBUG line: SPOOLED_LOG_LEVEL
     assert all(line.startswith("{") for line in d.out.lines if line.strip())  # SPOOLED_LOG_FORMAT=json
     assert d.events("supervisor starting")[0]["procs"] == 3

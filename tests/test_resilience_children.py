@@ -64,9 +64,9 @@ def test_child_crashes_fail_the_job_at_once_with_the_cause(dev_server, daemon_fa
     assert done["result"]["pid"] == steady_pid and done["retry_count"] == 0
     wait_until(lambda: len(d.child_pids()) == 2, timeout=10, what="two children again")
     assert steady_pid in d.child_pids() and victim not in d.child_pids()
-    replaced = d.events("child exited; starting a new one")
-    assert len(replaced) >= 4 and all(e["reason"] == "crashed" for e in replaced), replaced
-    died = d.events("child died during a job")
+    replaced = d.wait_events("child exited; starting a new one", 4)
+    assert all(e["reason"] == "crashed" for e in replaced), replaced
+    died = d.wait_events("child died during a job", job_id=victim_job) + d.events("child died during a job")
     assert {e["job_id"] for e in died} >= {victim_job}
     assert dev_server.worker("test-worker")["jobs_failed"] >= 4
     # ...and the daemon still works.
@@ -95,9 +95,8 @@ def test_sys_exit_hang_and_blocked_signals_end_within_the_job_timeout(dev_server
         assert job["last_error"].startswith("JobTimeout: the job ran past its timeout of 1 s"), job["last_error"]
     # The child that blocked SIGTERM got SIGKILL after --kill-grace and is gone.
     wait_until(lambda: gone(blocker_pid), timeout=5, what="the signal-blocking child to die")
-    escalated = d.events("child ignored SIGTERM; sending SIGKILL")
-    assert any(e["pid"] == blocker_pid for e in escalated), escalated
-    assert len(d.events("job timed out; stopping its child")) == 2
+    d.wait_events("child ignored SIGTERM; sending SIGKILL", pid=blocker_pid)
+    assert len(d.wait_events("job timed out; stopping its child", 2)) == 2
 
     wait_until(lambda: len(d.child_pids()) == 2, timeout=10, what="two children again")
     ok = dev_server.enqueue("unruly", {"do": "echo"})
@@ -164,8 +163,8 @@ def test_max_jobs_per_child_recycles_children(dev_server, daemon_factory):
     per_pid = Counter(j["result"]["pid"] for j in jobs)
     # 3 plus 10% jitter rounds down to exactly 3 jobs per child.
     assert sorted(per_pid.values()) == [3, 3, 3], per_pid
-    recycled = [e for e in d.events("replacing child") if e["reason"] == "max_jobs"]
-    assert len(recycled) >= 2 and all(e["jobs_done"] == 3 for e in recycled)
+    recycled = d.wait_events("replacing child", 2, reason="max_jobs")
+    assert all(e["jobs_done"] == 3 for e in recycled)
     assert all(j["retry_count"] == 0 for j in jobs)
 
 
@@ -179,7 +178,7 @@ def test_max_memory_per_child_replaces_after_the_job_or_stops_a_runaway(dev_serv
     assert job["status"] == "completed" and job["result"]["kept_mb"] == 150
     leaker = job["result"]["pid"]
     wait_until(lambda: gone(leaker), timeout=10, what="the child over its cap to be replaced")
-    assert any(e["reason"] == "max_memory" and e["pid"] == leaker for e in d.events("replacing child"))
+    d.wait_events("replacing child", reason="max_memory", pid=leaker)
 
     # Growing during a job: stopped, and the job failed with a clear error.
     started = time.monotonic()
@@ -191,7 +190,7 @@ def test_max_memory_per_child_replaces_after_the_job_or_stops_a_runaway(dev_serv
     assert "over the 100 MiB cap; it was stopped" in job["last_error"]
     assert time.monotonic() - started < 30  # well before its 400 steps (20 s) end by themselves
     wait_until(lambda: gone(grower), timeout=5, what="the runaway child to be gone")
-    assert d.events("child keeps growing past its memory cap during a job; stopping it")
+    d.wait_events("child keeps growing past its memory cap during a job; stopping it")
 
     echo = dev_server.enqueue("memory", {"do": "echo"})
     done = wait_for_status(dev_server, [echo], timeout=10)[0]
