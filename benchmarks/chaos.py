@@ -247,6 +247,14 @@ def run_chaos(jobs: int = 500, ms: float = 5.0, procs: int = 2, duration: float 
         _settle(server, jobs, settle)
         total_secs = time.monotonic() - started
         daemon_alive = daemon.proc.poll() is None
+        # A child killed while starting comes back after its back-off (up to seconds): wait for the pool,
+        # bounded, rather than count it at one instant.
+        try:
+            wait_until(lambda: daemon.proc.poll() is not None or len(daemon.child_pids()) >= procs, timeout=40,
+                       interval=0.25, what="the pool back to --procs children")
+        except AssertionError:
+            pass
+        daemon_alive = daemon.proc.poll() is None
         children_at_end = len(daemon.child_pids()) if daemon_alive else 0
         daemon.stop()
         end = {"children_at_end": children_at_end, "daemon_alive": daemon_alive, "exit_code": daemon.proc.returncode,

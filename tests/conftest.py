@@ -1,16 +1,21 @@
 """Shared test helpers: start the real dev server and the real daemon as subprocesses.
 
-Every helper polls for a condition with a deadline; none sleeps a fixed time.
+Every helper polls for a condition with a deadline; none sleeps a fixed time. Every DevServer and
+Daemon started during a test is ended, with its whole process group, when the test ends, however it
+ends (`_owned_processes`); subprocesses get a TMPDIR of their own, removed afterwards, and write no
+bytecode into the checkout. In CI (CI set), a skip whose reason is not in EXPECTED_SKIPS fails the run.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +25,78 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.dont_write_bytecode = True  # no __pycache__ in the checkout from what the tests import
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"  # nor from the subprocesses they start
+
+# Skips CI accepts (a substring of the reason). Anything else skipped with CI set fails the session.
+EXPECTED_SKIPS: tuple[str, ...] = ()
+
+_STARTED: list[subprocess.Popen] = []  # every process a helper started; ended by _owned_processes
+
+
+def own(proc: subprocess.Popen) -> subprocess.Popen:
+    """Hand a process (started with start_new_session=True) to _owned_processes, which ends it after the test."""
+    _STARTED.append(proc)
+    return proc
+
+
+def end_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the process, wait up to `grace`, then SIGKILL its process group (children included)."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(grace)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of its group (forkserver, children)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def _owned_processes(monkeypatch):
+    """Own every DevServer / Daemon a test starts: end them (and their process groups) at teardown.
+    Subprocesses get a short TMPDIR of their own (multiprocessing's pymp-* dirs land there), removed after."""
+    tmp = tempfile.mkdtemp(prefix="sst-")  # short: AF_UNIX paths inside it stay under 107 bytes
+    monkeypatch.setenv("TMPDIR", tmp)
+    mark = len(_STARTED)
+    try:
+        yield
+    finally:
+        started, _STARTED[mark:] = _STARTED[mark:], []
+        for proc in reversed(started):  # daemons (started after their server) first
+            end_process_group(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+_SKIPS: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPS.append((report.nodeid, reason))
+
+
+def unexpected_skips() -> list[tuple[str, str]]:
+    return [(node, reason) for node, reason in _SKIPS if not any(ok in reason for ok in EXPECTED_SKIPS)]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("CI") and unexpected_skips() and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if os.environ.get("CI") and unexpected_skips():
+        terminalreporter.section("skips not allowed in CI (CI is set)", red=True)
+        for node, reason in unexpected_skips():
+            terminalreporter.line(f"{node}: {reason}")
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
@@ -67,6 +144,10 @@ class OutputPump:
         with self._cond:
             return "\n".join(self.lines)
 
+    def drain(self, timeout: float = 10.0) -> None:
+        """Once the process has exited: wait until every line it wrote has been read."""
+        self._thread.join(timeout)
+
     def wait_for(self, pattern: str, timeout: float = 15.0) -> re.Match:
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
@@ -78,7 +159,8 @@ class OutputPump:
                         return m
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n" + "\n".join(self.lines[-50:]))
+                    tail = "\n".join(self.lines[-50:])
+                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{tail}")
                 self._cond.wait(left)
 
 
@@ -98,8 +180,23 @@ class DevServer:
         env = dict(os.environ)
         env.pop("SPOOLED_API_KEY", None)
         env.update(self.env or {})
-        cmd = [PY, "-m", "supervisor", "dev-server", "--host", "127.0.0.1", "--port", str(self.port), "--db", self.db, *self.extra]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            PY,
+            "-m",
+            "supervisor",
+            "dev-server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--db",
+            self.db,
+            *self.extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
+        _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         self.api_key = self.out.wait_for(r"API key: (\S+)").group(1)
         self.out.wait_for(r"listening on http://")
@@ -118,8 +215,9 @@ class DevServer:
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+                pass
+        if self.proc:
+            end_process_group(self.proc)
 
     # --- a tiny raw client for tests ---
     def headers(self, key: str | None = None) -> dict:
@@ -145,6 +243,30 @@ class DevServer:
     def stats(self) -> dict:
         return self.request("GET", "/api/v1/jobs/stats").json()
 
+    # --- the dev-only switches (supervisor/devserver/devtools.py) ---
+    def requests_seen(self, since: float = 0.0) -> list[dict]:
+        """The /api/v1 requests the server answered after `since` (Unix time): method, path, status, lease_id,
+        received (body read) and t (answered)."""
+        r = self.request("GET", f"/_dev/requests?since={since}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def expire_lease(self, job_id: str) -> None:
+        r = self.request("POST", f"/_dev/leases/{job_id}/expire")
+        assert r.status_code == 200, r.text
+
+    def steal_lease(self, job_id: str, worker_id: str = "dev-thief", secs: int = 60) -> dict:
+        r = self.request(
+            "POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": worker_id, "lease_duration_secs": secs}
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def set_faults(self, **faults) -> dict:
+        r = self.request("POST", "/_dev/faults", json=faults)
+        assert r.status_code == 200, r.text
+        return r.json()
+
 
 @pytest.fixture
 def dev_server(tmp_path):
@@ -156,23 +278,59 @@ def dev_server(tmp_path):
 class Daemon:
     """A real `python -m supervisor run` subprocess; the key reaches it only through its environment."""
 
-    def __init__(self, server: DevServer, queue: str, handler: str = "supervisor.demo_handlers:misbehave",
-                 procs: int = 2, worker_id: str = "test-worker", args: list[str] | None = None, env: dict | None = None,
-                 key: str | None = None):
+    def __init__(
+        self,
+        server: DevServer,
+        queue: str,
+        handler: str = "supervisor.demo_handlers:misbehave",
+        procs: int = 2,
+        worker_id: str = "test-worker",
+        args: list[str] | None = None,
+        env: dict | None = None,
+        key: str | None = None,
+    ):
         self.server = server
         self.queue = queue
         self.worker_id = worker_id
-        self.cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", handler, "--procs", str(procs),
-                    "--api-url", server.url, "--worker-id", worker_id, "--log-format", "json",
-                    "--poll-interval", "0.2", "--kill-grace", "1", *(args or [])]
+        self.cmd = [
+            PY,
+            "-m",
+            "supervisor",
+            "run",
+            "--queue",
+            queue,
+            "--handler",
+            handler,
+            "--procs",
+            str(procs),
+            "--api-url",
+            server.url,
+            "--worker-id",
+            worker_id,
+            "--log-format",
+            "json",
+            "--poll-interval",
+            "0.2",
+            "--kill-grace",
+            "1",
+            *(args or []),
+        ]
         self.env = dict(os.environ)
         self.env["SPOOLED_API_KEY"] = key or server.api_key
         self.env.update(env or {})
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Daemon:
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         return self
 
@@ -194,20 +352,28 @@ class Daemon:
                     found.append(record)
         return found
 
+    def wait_events(self, msg: str, count: int = 1, timeout: float = 15.0, **match) -> list[dict]:
+        """Poll until at least `count` log lines with this `msg` (and these field values) were read; return them.
+        The log is read on a thread: a line the daemon wrote a moment ago may not be in `events` yet."""
+        def found():
+            lines = [e for e in self.events(msg) if all(e.get(k) == v for k, v in match.items())]
+            return lines if len(lines) >= count else None
+
+        return wait_until(found, timeout=timeout, what=f"{count} log line(s) {msg!r} {match or ''}")
+
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.proc.wait(timeout)
+        code = self.proc.wait(timeout)
+        self.out.drain()  # every line the daemon wrote is in `events` once it has exited
+        return code
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
+        if self.proc:
+            end_process_group(self.proc, grace=20)
+            if hasattr(self, "out"):
+                self.out.drain()
 
     def busy_child(self, job_id: str) -> int:
         """The pid of the child whose process title says it runs `job_id` (polled until one does)."""
@@ -254,8 +420,27 @@ def daemon_factory(dev_server):
 
 def wait_for_status(server: DevServer, job_ids, statuses=("completed",), timeout: float = 30.0) -> list[dict]:
     """Poll until every job reaches one of `statuses`; return the jobs as the server reports them."""
+
     def check():
         jobs = [server.job(j) for j in job_ids]
         return jobs if all(j["status"] in statuses for j in jobs) else None
 
     return wait_until(check, timeout=timeout, interval=0.1, what=f"jobs to reach {statuses}")
+
+
+def scrape(port: int) -> dict:
+    """The daemon's /metrics on `port` as {(name, frozenset(labels.items())): value}."""
+    samples = {}
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$", line)
+        if m:
+            labels = frozenset(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
+            samples[(m.group(1), labels)] = float(m.group(3))
+    return samples
+
+
+def metric(port: int, name: str, **labels) -> float:
+    """One sample of the daemon's /metrics (0 if absent); `name` without the spooled_supervisor_ prefix."""
+    key = ("spooled_supervisor_" + name, frozenset((k, str(v)) for k, v in labels.items()))
+    return scrape(port).get(key, 0.0)

@@ -39,7 +39,7 @@ def test_bad_results_and_payloads_fail_the_job_clearly_and_leave_the_daemon_alon
         }
         ids = {name: big_server.enqueue("bad", payload, max_retries=0) for name, (payload, _) in cases.items()}
         big = big_server.enqueue("bad", {"do": "size", "blob": "z" * (5 * MIB)}, max_retries=0)
-        jobs = dict(zip(ids, wait_for_status(big_server, list(ids.values()), DONE, timeout=30)))
+        jobs = dict(zip(ids, wait_for_status(big_server, list(ids.values()), DONE, timeout=30), strict=False))
         for name, (_, error) in cases.items():
             job = jobs[name]
             assert job["status"] == "deadletter", (name, job["status"], job["last_error"])
@@ -64,7 +64,9 @@ def test_bad_results_and_payloads_fail_the_job_clearly_and_leave_the_daemon_alon
 @pytest.mark.timeout(60)
 def test_a_result_larger_than_the_server_accepts_fails_the_job(big_server):
     # The daemon's own cap is raised above the server's body limit, so the server is the one refusing.
-    d = Daemon(big_server, "bigres", procs=1, worker_id="bigres-worker", args=["--max-result-bytes", str(16 * MIB)]).start()
+    d = Daemon(
+        big_server, "bigres", procs=1, worker_id="bigres-worker", args=["--max-result-bytes", str(16 * MIB)]
+    ).start()
     try:
         d.wait_ready()
         job_id = big_server.enqueue("bigres", {"do": "big_result", "bytes": 7 * MIB}, max_retries=0)

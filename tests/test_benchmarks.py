@@ -11,15 +11,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(330)
 def test_benchmark_script_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
            "--noop-jobs", "100", "--latency-samples", "3", "--scaling", "1,2", "--idle-seconds", "0.2",
            "--json", str(out), "--no-markdown"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     for section in ("machine", "config", "efficiency", "sdk", "overhead", "latency", "memory", "scaling", "targets"):

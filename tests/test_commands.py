@@ -26,25 +26,78 @@ def test_demo_runs_jobs_end_to_end_and_prints_a_summary():
 @pytest.mark.timeout(60)
 def test_enqueue_submits_jobs_in_bulk(dev_server):
     env = dict(os.environ, SPOOLED_API_KEY=dev_server.api_key)
-    run = subprocess.run([sys.executable, "-m", "supervisor", "enqueue", "--api-url", dev_server.url, "--queue", "q-enq",
-                          "--payload", '{"ms": 5}', "--count", "150", "--max-retries", "2"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "supervisor",
+            "enqueue",
+            "--api-url",
+            dev_server.url,
+            "--queue",
+            "q-enq",
+            "--payload",
+            '{"ms": 5}',
+            "--count",
+            "150",
+            "--max-retries",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert run.returncode == 0, run.stderr
     ids = run.stdout.split()
     assert len(set(ids)) == 150 and "enqueued 150 job(s) on q-enq" in run.stderr
     job = dev_server.job(ids[-1])
     assert job["payload"] == {"ms": 5} and job["max_retries"] == 2 and job["status"] == "pending"
-    bad = subprocess.run([sys.executable, "-m", "supervisor", "enqueue", "--api-url", dev_server.url, "--queue", "q",
-                          "--payload", "{not json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "supervisor",
+            "enqueue",
+            "--api-url",
+            dev_server.url,
+            "--queue",
+            "q",
+            "--payload",
+            "{not json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: --payload is not valid JSON")
 
 
 def test_help_lists_subcommands_and_options():
     top = subprocess.run([sys.executable, "-m", "supervisor", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert top.returncode == 0 and all(w in top.stdout for w in ("run", "dev-server", "demo", "enqueue", "status"))
-    run = subprocess.run([sys.executable, "-m", "supervisor", "run", "--help"], cwd=ROOT, capture_output=True, text=True)
-    for flag in ("--procs", "--queue", "--handler", "--api-url", "--api-key-file", "--worker-id", "--lease",
-                 "--drain-timeout", "--poll-interval", "--max-jobs-per-child", "--max-memory-per-child", "--health-port"):
+    run = subprocess.run(
+        [sys.executable, "-m", "supervisor", "run", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    for flag in (
+        "--procs",
+        "--queue",
+        "--handler",
+        "--api-url",
+        "--api-key-file",
+        "--worker-id",
+        "--lease",
+        "--drain-timeout",
+        "--poll-interval",
+        "--max-jobs-per-child",
+        "--max-memory-per-child",
+        "--health-port",
+    ):
         assert flag in run.stdout
-    unknown = subprocess.run([sys.executable, "-m", "supervisor", "frobnicate"], cwd=ROOT, capture_output=True, text=True)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "supervisor", "frobnicate"], cwd=ROOT, capture_output=True, text=True
+    )
     assert unknown.returncode == 2 and "unknown subcommand" in unknown.stderr

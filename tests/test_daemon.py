@@ -10,6 +10,8 @@ import psutil
 import pytest
 from conftest import Daemon, DevServer, wait_for_status, wait_until
 
+from supervisor import __version__
+
 HANDLER = "supervisor.demo_handlers:misbehave"
 
 
@@ -24,7 +26,7 @@ def test_all_jobs_completed_with_their_results_by_this_worker(dev_server, daemon
         assert job["retry_count"] == 0
     worker = dev_server.worker("w-all")
     assert worker["jobs_processed"] == 30 and worker["jobs_failed"] == 0
-    assert len(daemon.events("job completed")) == 30
+    assert len(daemon.wait_events("job completed", 30)) == 30
     line = daemon.events("job completed")[0]
     assert {"job_id", "queue", "worker_id", "pid", "duration"} <= set(line)
 
@@ -36,14 +38,12 @@ def test_cpu_bound_jobs_run_procs_at_a_time(dev_server, daemon_factory):
     jobs = wait_for_status(dev_server, ids, timeout=40)
     assert len({j["result"]["pid"] for j in jobs}) == 2
     spans = [(j["result"]["t0"], j["result"]["t1"]) for j in jobs]  # as the handler saw it
-    busy = sum(end - start for start, end in spans)
-    wall = max(end for _, end in spans) - min(start for start, _ in spans)
-    # 6 jobs x 0.3 s of CPU on 2 children: about 0.9 s of wall time, so about 2 at a time.
-    assert busy / wall > 1.6, (busy, wall)
-    for t in (s for s, _ in spans):
-        assert sum(1 for s, e in spans if s <= t < e) <= 2  # never more than --procs at once
+    # An ordering, not a duration (the machine may be loaded): two jobs did overlap, never three.
+    at_once = [sum(1 for s, e in spans if s <= t < e) for t in (s for s, _ in spans)]
+    assert max(at_once) == 2, spans
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_job_running_three_times_its_lease_completes_with_one_delivery(dev_server, daemon_factory):
     job_id = dev_server.enqueue("q-lease", {"do": "sleep", "secs": 16}, timeout_seconds=60)
@@ -52,7 +52,7 @@ def test_job_running_three_times_its_lease_completes_with_one_delivery(dev_serve
     assert job["retry_count"] == 0  # the lease was never lost, so never delivered twice
     assert job["result"]["slept"] == 16
     assert dev_server.worker("w-lease")["jobs_processed"] == 1
-    assert len(daemon.events("job completed")) == 1
+    assert len(daemon.wait_events("job completed", 1)) == 1
     assert not daemon.events("lease lost; stopping the job's work")
 
 
@@ -79,20 +79,20 @@ def test_job_over_its_timeout_is_killed_and_failed_while_others_carry_on(dev_ser
     assert job["last_error"].startswith("JobTimeout: the job ran past its timeout of 2 s")
     done = wait_for_status(dev_server, others, timeout=30)
     assert len({j["result"]["pid"] for j in done}) >= 2  # a fresh child replaced the hung one
-    assert daemon.events("job timed out; stopping its child")
+    assert daemon.wait_events("job timed out; stopping its child")
     assert daemon.proc.poll() is None
 
 
 @pytest.mark.timeout(60)
 def test_sigterm_drains_in_flight_jobs_deregisters_and_exits_0(dev_server, daemon_factory):
     ids = [dev_server.enqueue("q-drain", {"do": "sleep", "secs": 2}) for _ in range(2)]
-    daemon = daemon_factory("q-drain", procs=2, worker_id="w-drain", args=["--drain-timeout", "20"])
+    daemon = daemon_factory("q-drain", procs=2, worker_id="w-drain", args=["--drain-timeout", "60"])
     wait_for_status(dev_server, ids, statuses=("processing",), timeout=20)
     later = dev_server.enqueue("q-drain", {"do": "echo"})
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(25) == 0
-    assert time.monotonic() - started < 20
+    assert daemon.wait(50) == 0
+    assert time.monotonic() - started < 40  # left when the jobs were done, not after the 60 s drain timeout
     assert all(j["status"] == "completed" for j in (dev_server.job(i) for i in ids))
     assert dev_server.job(later)["status"] == "pending"  # no claim after the signal
     assert dev_server.worker("w-drain")["status"] == "offline"
@@ -106,8 +106,8 @@ def test_drain_timeout_hands_unfinished_jobs_back_at_once(dev_server, daemon_fac
     wait_for_status(dev_server, [job_id], statuses=("processing",), timeout=20)
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(15) == 0
-    assert time.monotonic() - started < 8
+    assert daemon.wait(30) == 0
+    assert time.monotonic() - started < 30  # the 1 s drain timeout, not the 60 s job
     job = dev_server.job(job_id)
     assert job["status"] == "pending" and job["retry_count"] == 0  # released by deregister, not failed
 
@@ -121,8 +121,8 @@ def test_second_sigterm_stops_at_once(dev_server, daemon_factory):
     daemon.out.wait_for(r"stop signal: draining")
     started = time.monotonic()
     daemon.signal(signal.SIGTERM)
-    assert daemon.wait(10) == 0
-    assert time.monotonic() - started < 5
+    assert daemon.wait(30) == 0
+    assert time.monotonic() - started < 30  # at once, not after the 60 s drain timeout
     assert daemon.events("second stop signal: stopping at once")
     assert all(dev_server.job(i)["status"] == "pending" for i in ids)
     assert dev_server.worker("w-fast")["status"] == "offline"
@@ -175,7 +175,8 @@ def test_configuration_errors_exit_2_with_one_line(dev_server):
 @pytest.mark.timeout(60)
 def test_payload_of_several_mib_goes_through_the_pipe(tmp_path):
     big = 8 * 2**20
-    server = DevServer(str(tmp_path / "big.db"), extra=["--max-payload-bytes", str(big), "--max-body-bytes", str(2 * big)]).start()
+    limits = ["--max-payload-bytes", str(big), "--max-body-bytes", str(2 * big)]
+    server = DevServer(str(tmp_path / "big.db"), extra=limits).start()
     try:
         blob = "z" * (5 * 2**20)
         ids = [server.enqueue("q-big", {"do": "size", "blob": blob}) for _ in range(3)]
@@ -204,13 +205,23 @@ def test_heartbeat_titles_and_metadata(tmp_path):
                 return worker if meta.get("busy") == 1 and worker["current_jobs"] == 1 else None
 
             worker = wait_until(heartbeat_seen, timeout=10, what="a heartbeat with one busy child")
-            assert worker["metadata"]["procs"] == 2 and "cpu_percent" in worker["metadata"]
+            meta = worker["metadata"]
+            assert meta["procs"] == 2 and meta["busy"] == 1 and meta["children"] == 2, meta
+            assert meta["pid"] == daemon.proc.pid and meta["version"] == __version__, meta
+            cores = psutil.cpu_count() or 1
+            for name, top in (("cpu_percent", 100.0 * cores * 3), ("memory_percent", 100.0)):
+                value = meta[name]  # of the parent and its children, summed
+                assert isinstance(value, (int, float)) and not isinstance(value, bool), meta
+                assert 0.0 <= value <= top, meta
+            assert meta["memory_percent"] > 0.0  # three Python processes hold some memory
             assert worker["status"] == "healthy"
             procs = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
             titles = [" ".join(p.cmdline()).strip() for p in procs]
             assert any(t.startswith("spooled-supervisor: parent queue=q-hb busy=1/2") for t in titles), titles
-            assert any(t == f"spooled-supervisor: child 0 busy {job_id}" or t == f"spooled-supervisor: child 1 busy {job_id}"
-                       for t in titles), titles
+            assert any(
+                t == f"spooled-supervisor: child 0 busy {job_id}" or t == f"spooled-supervisor: child 1 busy {job_id}"
+                for t in titles
+            ), titles
             assert any(t.endswith("idle") and "child" in t for t in titles), titles
             daemon.signal(signal.SIGTERM)
             assert daemon.wait(20) == 0
@@ -218,3 +229,19 @@ def test_heartbeat_titles_and_metadata(tmp_path):
             daemon.stop()
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_flag_or_env_value_exits_2_with_one_line_naming_it(dev_server):
+    cases = [(["--procs", "abc"], {}, "--procs"), (["--lease", "soon"], {}, "--lease"),
+             ([], {"SPOOLED_PROCS": "abc"}, "SPOOLED_PROCS")]
+    for extra, env, name in cases:
+        d = Daemon(dev_server, "q-cfg", worker_id="w-cfg", args=extra, env=env)
+        if env:  # the environment only counts without the flag
+            i = d.cmd.index("--procs")
+            del d.cmd[i:i + 2]
+        d.start()
+        assert d.wait(15) == 2
+        text = d.out.text().strip()
+        assert len(text.splitlines()) == 1 and name in text, text
+    assert dev_server.worker("w-cfg") is None

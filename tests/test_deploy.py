@@ -94,7 +94,11 @@ def test_grace_period_covers_prestop_and_drain():
     command = c["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep"
     prestop = float(command[1])
-    drain = float(env_of(c).get("SPOOLED_DRAIN_TIMEOUT", {}).get("value") or flag(c.get("args", []), "--drain-timeout") or DEFAULT_DRAIN_TIMEOUT)
+    drain = float(
+        env_of(c).get("SPOOLED_DRAIN_TIMEOUT", {}).get("value")
+        or flag(c.get("args", []), "--drain-timeout")
+        or DEFAULT_DRAIN_TIMEOUT
+    )
     assert 0 < prestop <= 15
     assert pod["terminationGracePeriodSeconds"] > prestop + drain + KILL_GRACE
 
@@ -156,7 +160,11 @@ def test_selectors_pdb_and_hpa_target_the_deployment():
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     (hpa,) = load_docs("hpa.yaml")
     assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep["metadata"]["name"]}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": dep["metadata"]["name"],
+    }
     assert [m["resource"]["name"] for m in hpa["spec"]["metrics"]] == ["cpu"]
 
 
@@ -177,6 +185,7 @@ def test_dockerfile_builds_the_named_image_as_non_root():
 
 
 # --- systemd -------------------------------------------------------------------------------------
+
 
 def unit() -> configparser.ConfigParser:
     parser = configparser.ConfigParser(strict=False, interpolation=None, empty_lines_in_values=False)
@@ -209,11 +218,21 @@ def test_unit_notify_and_stop_semantics():
 def test_unit_hardening():
     s = unit()["Service"]
     expected = {
-        "DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
-        "PrivateTmp": "yes", "CapabilityBoundingSet": "", "AmbientCapabilities": "",
-        "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes", "ProtectKernelLogs": "yes",
-        "ProtectControlGroups": "yes", "LockPersonality": "yes", "RestrictRealtime": "yes",
-        "RestrictSUIDSGID": "yes", "SystemCallArchitectures": "native",
+        "DynamicUser": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "",
+        "AmbientCapabilities": "",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes",
+        "LockPersonality": "yes",
+        "RestrictRealtime": "yes",
+        "RestrictSUIDSGID": "yes",
+        "SystemCallArchitectures": "native",
     }
     for key, value in expected.items():
         assert s.get(key) == value, key
@@ -255,6 +274,10 @@ def test_systemd_analyze_verify_would_catch_a_bad_key(tmp_path):
 @needs_systemd_analyze
 def test_systemd_security_exposure_stays_low(tmp_path):
     path = verify_copy(tmp_path)
-    out = subprocess.run([SYSTEMD_ANALYZE, "security", "--offline=yes", "--threshold=20", "--no-pager", str(path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [SYSTEMD_ANALYZE, "security", "--offline=yes", "--threshold=20", "--no-pager", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr  # exposure <= 2.0 ("OK")

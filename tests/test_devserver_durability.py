@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import requests
-from conftest import ROOT, DevServer, OutputPump
+from conftest import ROOT, DevServer, OutputPump, own
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,13 +21,28 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path):
     assert key.startswith("sp_test_")
     s.request("POST", "/api/v1/workers/register", json={"queue_name": "d", "hostname": "h", "worker_id": "keeper"})
     ids = [s.enqueue("d", {"i": i}) for i in range(30)]
-    claimed = s.request("POST", "/api/v1/jobs/claim", json={"queue_name": "d", "worker_id": "keeper", "limit": 10}).json()["jobs"]
+    claimed = s.request(
+        "POST", "/api/v1/jobs/claim", json={"queue_name": "d", "worker_id": "keeper", "limit": 10}
+    ).json()["jobs"]
     for job in claimed[:4]:
-        r = s.request("POST", f"/api/v1/jobs/{job['id']}/complete", json={"worker_id": "keeper", "lease_id": job["lease_id"], "result": job["payload"]})
+        r = s.request(
+            "POST",
+            f"/api/v1/jobs/{job['id']}/complete",
+            json={"worker_id": "keeper", "lease_id": job["lease_id"], "result": job["payload"]},
+        )
         assert r.status_code == 200
     job = claimed[4]
-    assert s.request("POST", f"/api/v1/jobs/{job['id']}/fail", json={"worker_id": "keeper", "lease_id": job["lease_id"], "error": "e"}).status_code == 200
-    other = requests.post(s.url + "/api/v1/organizations", json={"name": "Second", "slug": "second"}, timeout=5).json()["api_key"]["key"]
+    assert (
+        s.request(
+            "POST",
+            f"/api/v1/jobs/{job['id']}/fail",
+            json={"worker_id": "keeper", "lease_id": job["lease_id"], "error": "e"},
+        ).status_code
+        == 200
+    )
+    other = requests.post(s.url + "/api/v1/organizations", json={"name": "Second", "slug": "second"}, timeout=5).json()[
+        "api_key"
+    ]["key"]
     before = {i: s.job(i) for i in ids}
     worker_before = s.worker("keeper")
 
@@ -42,7 +57,11 @@ def test_sigkill_loses_no_acknowledged_write(tmp_path):
         assert sum(j["status"] == "completed" for j in after.values()) == 4
         assert sum(j["status"] == "processing" for j in after.values()) == 5
         leased = claimed[5]
-        r = again.request("POST", f"/api/v1/jobs/{leased['id']}/complete", json={"worker_id": "keeper", "lease_id": leased["lease_id"]})
+        r = again.request(
+            "POST",
+            f"/api/v1/jobs/{leased['id']}/complete",
+            json={"worker_id": "keeper", "lease_id": leased["lease_id"]},
+        )
         assert r.status_code == 200  # the lease survived the restart
         w = again.worker("keeper")
         assert (w["jobs_processed"], w["jobs_failed"]) == (worker_before["jobs_processed"] + 1, 1)
@@ -70,9 +89,17 @@ def test_sigterm_exits_zero_and_given_key_is_used(tmp_path):
 
 
 def test_port_zero_memory_db_and_env_settings(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", ":memory:"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "SPOOLED_DEV_LEASE_DURATION": "45", "SPOOLED_DEV_HEARTBEAT_INTERVAL": "7"})
+    proc = own(
+        subprocess.Popen(
+            [sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", ":memory:"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "SPOOLED_DEV_LEASE_DURATION": "45", "SPOOLED_DEV_HEARTBEAT_INTERVAL": "7"},
+        )
+    )
     out = OutputPump(proc.stdout)
     try:
         key = out.wait_for(r"API key: (sp_test_\S+)").group(1)
@@ -81,9 +108,12 @@ def test_port_zero_memory_db_and_env_settings(tmp_path):
         h = {"Authorization": f"Bearer {key}"}
         r = requests.post(url.group(1) + "/api/v1/jobs", json={"queue_name": "m", "payload": [1]}, headers=h, timeout=5)
         assert r.status_code == 201
-        assert requests.get(url.group(1) + f"/api/v1/jobs/{r.json()['id']}", headers=h, timeout=5).json()["payload"] == [1]
-        reg = requests.post(url.group(1) + "/api/v1/workers/register", json={"queue_name": "m", "hostname": "h"},
-                            headers=h, timeout=5).json()
+        assert requests.get(url.group(1) + f"/api/v1/jobs/{r.json()['id']}", headers=h, timeout=5).json()[
+            "payload"
+        ] == [1]
+        reg = requests.post(
+            url.group(1) + "/api/v1/workers/register", json={"queue_name": "m", "hostname": "h"}, headers=h, timeout=5
+        ).json()
         assert (reg["lease_duration_secs"], reg["heartbeat_interval_secs"]) == (45, 7)  # from SPOOLED_DEV_* env
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -91,10 +121,27 @@ def test_port_zero_memory_db_and_env_settings(tmp_path):
 
 
 def test_help_documents_the_resilience_switches():
-    r = subprocess.run([sys.executable, "-m", "supervisor", "dev-server", "--help"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=20)
+    r = subprocess.run(
+        [sys.executable, "-m", "supervisor", "dev-server", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert r.returncode == 0
-    for flag in ("--fault-503", "--fault-delay-ms", "--fault-cut", "--fault-seed", "--max-workers", "--rate-limit",
-                 "--rate-burst", "--lease-sweep-interval", "--worker-offline-after", "--max-payload-bytes",
-                 "SPOOLED_DEV_FAULT_503", "SPOOLED_API_KEY", "/_dev/faults"):
+    for flag in (
+        "--fault-503",
+        "--fault-delay-ms",
+        "--fault-cut",
+        "--fault-seed",
+        "--max-workers",
+        "--rate-limit",
+        "--rate-burst",
+        "--lease-sweep-interval",
+        "--worker-offline-after",
+        "--max-payload-bytes",
+        "SPOOLED_DEV_FAULT_503",
+        "SPOOLED_API_KEY",
+        "/_dev/faults",
+    ):
         assert flag in r.stdout, flag

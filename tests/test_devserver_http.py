@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import math
 import multiprocessing as mp
 import socket
 import time
@@ -15,7 +16,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def claim(server, queue="q", worker="w", limit=1, **kw):
-    r = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": queue, "worker_id": worker, "limit": limit, **kw})
+    r = server.request(
+        "POST", "/api/v1/jobs/claim", json={"queue_name": queue, "worker_id": worker, "limit": limit, **kw}
+    )
     assert r.status_code == 200, r.text
     return r.json()["jobs"]
 
@@ -28,9 +31,17 @@ def raw(server, method, path, body: bytes, headers: dict | None = None):
 # ---------- envelopes, auth, routing ----------
 def test_auth_routing_and_method_errors(dev_server):
     s = dev_server
-    for headers in ({}, {"Authorization": "Basic abc"}, {"X-API-Key": s.api_key}, {"Authorization": f"bearer {s.api_key}"}):
+    for headers in (
+        {},
+        {"Authorization": "Basic abc"},
+        {"X-API-Key": s.api_key},
+        {"Authorization": f"bearer {s.api_key}"},
+    ):
         r = requests.get(s.url + "/api/v1/jobs/stats", headers=headers, timeout=5)
-        assert r.status_code == 401 and r.json() == {"code": "UNAUTHORIZED", "message": "Missing or invalid Authorization header"}
+        assert r.status_code == 401 and r.json() == {
+            "code": "UNAUTHORIZED",
+            "message": "Missing or invalid Authorization header",
+        }
     r = s.request("GET", "/api/v1/jobs/stats", key="sp_test_wrong_key_123")
     assert r.status_code == 401 and r.json()["code"] == "UNAUTHORIZED"
     r = s.request("GET", "/api/v1/nope")
@@ -58,10 +69,15 @@ def test_bad_json_bodies_get_json_errors_never_500(dev_server):
     assert r.status_code == 422 and r.json()["details"][0]["code"] == "invalid_type"
     r = s.request("POST", "/api/v1/jobs", json={"payload": {}})
     assert r.status_code == 422
-    assert r.json()["details"] == [{"field": "queue_name", "message": "Field `queue_name` is required", "code": "missing_field"}]
+    assert r.json()["details"] == [
+        {"field": "queue_name", "message": "Field `queue_name` is required", "code": "missing_field"}
+    ]
     r = s.request("POST", "/api/v1/jobs", json={"queue_name": "q", "payload": 1, "priority": "high"})
     assert r.status_code == 422 and r.json()["details"][0] == {
-        "field": "priority", "message": r.json()["details"][0]["message"], "code": "invalid_type"}
+        "field": "priority",
+        "message": r.json()["details"][0]["message"],
+        "code": "invalid_type",
+    }
     r = s.request("POST", "/api/v1/jobs", json={"queue_name": "q", "payload": 1, "priority": 101})
     assert r.status_code == 400 and r.json()["code"] == "VALIDATION_ERROR" and r.json()["error"] == "Validation failed"
     r = s.request("POST", "/api/v1/jobs", json={"queue_name": "-bad", "payload": 1})
@@ -81,18 +97,25 @@ def test_missing_lease_id_is_422_on_complete_fail_heartbeat(dev_server):
         r = s.request("POST", f"/api/v1/jobs/{jid}/{path}", json={"worker_id": "w", **extra})
         assert r.status_code == 422, r.text
         assert r.json()["code"] == "VALIDATION_ERROR" and r.json()["details"][0] == {
-            "field": "lease_id", "message": "Field `lease_id` is required", "code": "missing_field"}
+            "field": "lease_id",
+            "message": "Field `lease_id` is required",
+            "code": "missing_field",
+        }
     assert s.job(jid)["lease_id"] == job["lease_id"] and s.job(jid)["status"] == "processing"
 
 
 def test_payload_and_body_size_limits(tmp_path, dev_server):
     s = dev_server
     r = s.request("POST", "/api/v1/jobs", json={"queue_name": "q", "payload": "x" * (1024 * 1024)})
-    assert r.status_code == 400 and r.json()["code"] == "VALIDATION_ERROR" and r.json()["details"][0]["field"] == "payload"
+    assert (
+        r.status_code == 400 and r.json()["code"] == "VALIDATION_ERROR" and r.json()["details"][0]["field"] == "payload"
+    )
     r = s.request("POST", "/api/v1/jobs", json={"queue_name": "q", "payload": "x" * (3 * 1024 * 1024)})
     assert r.status_code == 400 and r.json()["code"] == "INVALID_JSON"
     assert s.stats()["total"] == 0
-    big = DevServer(str(tmp_path / "big.db"), extra=["--max-payload-bytes", str(8 << 20), "--max-body-bytes", str(16 << 20)]).start()
+    big = DevServer(
+        str(tmp_path / "big.db"), extra=["--max-payload-bytes", str(8 << 20), "--max-body-bytes", str(16 << 20)]
+    ).start()
     try:
         payload = {"blob": "y" * (5 * 1024 * 1024)}
         jid = big.enqueue("q", payload)
@@ -115,7 +138,7 @@ def test_keep_alive_and_garbage_requests_do_not_hurt_the_server(dev_server):
         data = sock.recv(4096)
         assert data.startswith(b"HTTP/1.1 400") and b'"code"' in data
     with socket.create_connection(("127.0.0.1", s.port), timeout=5) as sock:  # disconnect mid-body
-        sock.sendall(b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"queue")
+        sock.sendall(b'POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"queue')
     r = s.request("GET", "/api/v1/jobs/stats")
     assert r.status_code == 200 and r.json()["total"] == 0
 
@@ -125,11 +148,15 @@ def test_lease_fencing_table(dev_server):
     s = dev_server
     jid = s.enqueue("q", {"a": 1})
     first = claim(s, worker="w1")[0]
-    r = s.request("POST", f"/api/v1/jobs/{jid}/fail", json={"worker_id": "w2", "lease_id": first["lease_id"], "error": "e"})
+    r = s.request(
+        "POST", f"/api/v1/jobs/{jid}/fail", json={"worker_id": "w2", "lease_id": first["lease_id"], "error": "e"}
+    )
     assert r.status_code == 404 and r.json()["code"] == "NOT_FOUND"
     r = s.request("POST", f"/api/v1/jobs/{jid}/heartbeat", json={"worker_id": "w1", "lease_id": "other"})
     assert r.status_code == 409 and r.json() == {
-        "code": "LEASE_EXPIRED", "message": "lease_id does not match the job's current lease; this worker no longer holds it"}
+        "code": "LEASE_EXPIRED",
+        "message": "lease_id does not match the job's current lease; this worker no longer holds it",
+    }
     # deregister-free release: the same worker re-claims under a new lease after a fail-retry cycle is too slow,
     # so use deregister + re-claim by the same id to get a fresh lease
     s.request("POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "w1"})
@@ -138,7 +165,9 @@ def test_lease_fencing_table(dev_server):
     assert second["lease_id"] != first["lease_id"]
     r = s.request("POST", f"/api/v1/jobs/{jid}/complete", json={"worker_id": "w1", "lease_id": first["lease_id"]})
     assert r.status_code == 409 and r.json()["code"] == "LEASE_EXPIRED"
-    r = s.request("POST", f"/api/v1/jobs/{jid}/complete", json={"worker_id": "w1", "lease_id": second["lease_id"], "result": [1]})
+    r = s.request(
+        "POST", f"/api/v1/jobs/{jid}/complete", json={"worker_id": "w1", "lease_id": second["lease_id"], "result": [1]}
+    )
     assert r.status_code == 200 and r.json() == {"success": True}
     r = s.request("POST", f"/api/v1/jobs/{jid}/complete", json={"worker_id": "w1", "lease_id": second["lease_id"]})
     assert r.status_code == 409 and r.json() == {"code": "CONFLICT", "message": "Job is already completed"}
@@ -147,9 +176,19 @@ def test_lease_fencing_table(dev_server):
 
 def test_job_routes_bulk_status_cancel_retry_list_dlq(dev_server):
     s = dev_server
-    r = s.request("POST", "/api/v1/jobs/bulk", json={"queue_name": "b", "jobs": [
-        {"payload": 1, "idempotency_key": "dup"}, {"payload": 2, "idempotency_key": "dup"}, {"payload": 3, "priority": 9},
-        {"payload": 4, "priority": "x"}]})
+    r = s.request(
+        "POST",
+        "/api/v1/jobs/bulk",
+        json={
+            "queue_name": "b",
+            "jobs": [
+                {"payload": 1, "idempotency_key": "dup"},
+                {"payload": 2, "idempotency_key": "dup"},
+                {"payload": 3, "priority": 9},
+                {"payload": 4, "priority": "x"},
+            ],
+        },
+    )
     assert r.status_code == 200
     body = r.json()
     assert (body["total"], body["success_count"], body["failure_count"]) == (4, 3, 1)
@@ -158,8 +197,16 @@ def test_job_routes_bulk_status_cancel_retry_list_dlq(dev_server):
     assert body["failed"][0]["index"] == 3
     first = claim(s, "b")[0]
     assert first["id"] == ok[2]["job_id"]  # priority 9 first
-    assert set(first) == {"id", "queue_name", "payload", "retry_count", "max_retries", "timeout_seconds",
-                          "lease_expires_at", "lease_id"}
+    assert set(first) == {
+        "id",
+        "queue_name",
+        "payload",
+        "retry_count",
+        "max_retries",
+        "timeout_seconds",
+        "lease_expires_at",
+        "lease_id",
+    }
 
     ids = [ok[0]["job_id"], ok[2]["job_id"], "00000000-0000-4000-8000-000000000000"]
     r = s.request("GET", "/api/v1/jobs/status?ids=" + ",".join(ids))
@@ -174,25 +221,40 @@ def test_job_routes_bulk_status_cancel_retry_list_dlq(dev_server):
     assert job["id"] == dead
     s.request("POST", f"/api/v1/jobs/{dead}/fail", json={"worker_id": "w", "lease_id": job["lease_id"], "error": "bad"})
     r = s.request("GET", "/api/v1/jobs/dlq?queue_name=b")
-    assert [(j["id"], j["status"], j["last_error"], j["job_type"]) for j in r.json()] == [(dead, "deadletter", "bad", "resize")]
+    assert [(j["id"], j["status"], j["last_error"], j["job_type"]) for j in r.json()] == [
+        (dead, "deadletter", "bad", "resize")
+    ]
     assert s.request("POST", "/api/v1/jobs/dlq/purge", json={}).status_code == 400
     r = s.request("POST", f"/api/v1/jobs/{dead}/retry")
     assert r.status_code == 200 and r.json()["status"] == "pending" and r.json()["retry_count"] == 0
     r = s.request("GET", "/api/v1/jobs?queue_name=b&status=pending,processing&limit=1")
     assert r.status_code == 200 and len(r.json()) == 1 and r.headers["X-Has-More"] == "true"
-    assert s.stats() == {"pending": 1, "scheduled": 0, "processing": 1, "completed": 0, "failed": 0,
-                         "deadletter": 0, "cancelled": 1, "total": 3}
+    assert s.stats() == {
+        "pending": 1,
+        "scheduled": 0,
+        "processing": 1,
+        "completed": 0,
+        "failed": 0,
+        "deadletter": 0,
+        "cancelled": 1,
+        "total": 3,
+    }
 
 
 def test_scheduled_jobs_and_queue_pause(dev_server):
     s = dev_server
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 1.5))
+    due = time.time() + 4  # whole seconds, rounded up: a due time never nearer than 4 s
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(math.ceil(due)))
     jid = s.enqueue("sq", {}, scheduled_at=when)
-    assert s.job(jid)["status"] == "scheduled" and claim(s, "sq") == []
+    asked = time.time()
+    assert s.job(jid)["status"] == "scheduled"
+    jobs = claim(s, "sq")
+    if asked < due:
+        assert jobs == []
     r = s.request("POST", "/api/v1/queues/sq/pause", json={"reason": "maintenance"})
     assert r.status_code == 200 and r.json()["paused"] is True and r.json()["reason"] == "maintenance"
     assert s.request("POST", "/api/v1/queues/never-seen/pause").status_code == 404
-    wait_until(lambda: s.job(jid)["status"] == "pending", timeout=5, what="scheduled job to come due")
+    wait_until(lambda: s.job(jid)["status"] == "pending", timeout=20, what="scheduled job to come due")
     assert claim(s, "sq") == []  # due, but the queue is paused
     r = s.request("POST", "/api/v1/queues/sq/resume")
     assert r.status_code == 200 and r.json()["resumed"] is True
@@ -221,35 +283,56 @@ def test_worker_routes_and_org_isolation(dev_server):
     assert r.status_code == 201
     other = r.json()["api_key"]["key"]
     assert other.startswith("sp_test_") and r.json()["organization"]["slug"] == "other-org"
-    assert requests.post(s.url + "/api/v1/organizations", json={"name": "Again", "slug": "other-org"}, timeout=5).status_code == 409
+    assert (
+        requests.post(
+            s.url + "/api/v1/organizations", json={"name": "Again", "slug": "other-org"}, timeout=5
+        ).status_code
+        == 409
+    )
     jid = s.enqueue("q", {"secret": 1})
     assert s.request("GET", f"/api/v1/jobs/{jid}", key=other).status_code == 404
     assert s.request("GET", "/api/v1/workers", key=other).json() == []
-    assert s.request("POST", "/api/v1/jobs/claim", json={"queue_name": "q", "worker_id": "x"}, key=other).json() == {"jobs": []}
-    r = s.request("POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "mine"}, key=other)
+    assert s.request("POST", "/api/v1/jobs/claim", json={"queue_name": "q", "worker_id": "x"}, key=other).json() == {
+        "jobs": []
+    }
+    r = s.request(
+        "POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "mine"}, key=other
+    )
     assert r.status_code == 409 and r.json() == {"code": "CONFLICT", "message": "Worker ID already in use"}
     assert s.request("GET", "/api/v1/jobs/stats", key=other).json()["total"] == 0
 
 
 def test_worker_cap_and_rate_limit(tmp_path):
-    s = DevServer(str(tmp_path / "lim.db"), extra=["--max-workers", "1", "--rate-limit", "5", "--rate-burst", "5"]).start()
+    # 5 tokens, refilled at one every 10 s: the 8 requests below meet the same bucket however slow the machine
+    s = DevServer(
+        str(tmp_path / "lim.db"), extra=["--max-workers", "1", "--rate-limit", "0.1", "--rate-burst", "5"]
+    ).start()
     try:
         codes, last = [], None
         for i in range(8):
-            last = s.request("POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": f"w{i % 2}"})
+            last = s.request(
+                "POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": f"w{i % 2}"}
+            )
             codes.append(last.status_code)
         # w0 registers, w1 is over the cap, re-registering w0 is not charged; then the 5-token burst is gone
         assert codes == [201, 429, 201, 429, 201, 429, 429, 429]
         assert last.headers.get("Retry-After", "").isdigit()
         body = last.json()
-        assert body["code"] == "RATE_LIMIT_EXCEEDED" and body["remaining"] == 0 and body["message"] == "Rate limit exceeded"
+        assert (
+            body["code"] == "RATE_LIMIT_EXCEEDED"
+            and body["remaining"] == 0
+            and body["message"] == "Rate limit exceeded"
+        )
         assert {"retry_after_secs", "limit", "reset_at"} <= set(body)
         assert requests.get(s.url + "/health", timeout=5).status_code == 200  # health is never limited
+
         def not_rate_limited():
-            r = s.request("POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "w9"})
+            r = s.request(
+                "POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "w9"}
+            )
             return (r.status_code, r.json()) if r.json()["code"] != "RATE_LIMIT_EXCEEDED" else None
 
-        status, body = wait_until(not_rate_limited, timeout=5, interval=0.1, what="rate bucket refill")
+        status, body = wait_until(not_rate_limited, timeout=30, interval=0.5, what="rate bucket refill")
         assert status == 429 and body["code"] == "QUOTA_EXCEEDED"
         assert (body["resource"], body["current"], body["limit"]) == ("workers", 1, 1)
     finally:
@@ -257,7 +340,9 @@ def test_worker_cap_and_rate_limit(tmp_path):
 
 
 def test_stale_worker_goes_offline_and_its_jobs_are_recovered(tmp_path):
-    s = DevServer(str(tmp_path / "stale.db"), extra=["--worker-offline-after", "1", "--worker-sweep-interval", "0.2"]).start()
+    s = DevServer(
+        str(tmp_path / "stale.db"), extra=["--worker-offline-after", "1", "--worker-sweep-interval", "0.2"]
+    ).start()
     try:
         jid = s.enqueue("q", {})
         s.request("POST", "/api/v1/workers/register", json={"queue_name": "q", "hostname": "h", "worker_id": "quiet"})
@@ -310,7 +395,9 @@ def _claimer(url: str, key: str, worker: str, out):
     sess.headers.update({"Authorization": f"Bearer {key}"})
     got, empty = [], 0
     while empty < 3:
-        r = sess.post(url + "/api/v1/jobs/claim", json={"queue_name": "race", "worker_id": worker, "limit": 7}, timeout=10)
+        r = sess.post(
+            url + "/api/v1/jobs/claim", json={"queue_name": "race", "worker_id": worker, "limit": 7}, timeout=10
+        )
         jobs = r.json()["jobs"]
         empty = empty + 1 if not jobs else 0
         got += [j["id"] for j in jobs]
@@ -331,7 +418,9 @@ def _race(urls: list[str], key: str, n_procs: int) -> list[str]:
 
 def _bulk(server, n):
     for i in range(0, n, 100):
-        r = server.request("POST", "/api/v1/jobs/bulk", json={"queue_name": "race", "jobs": [{"payload": i + k} for k in range(100)]})
+        r = server.request(
+            "POST", "/api/v1/jobs/bulk", json={"queue_name": "race", "jobs": [{"payload": i + k} for k in range(100)]}
+        )
         assert r.json()["success_count"] == 100
 
 
@@ -355,3 +444,83 @@ def test_two_server_processes_on_one_db_never_share_a_job(tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_dev_lease_switches_and_request_log(dev_server):
+    """POST /_dev/leases/{id}/expire and /steal lose a lease on demand; GET /_dev/requests shows what came in."""
+    s = dev_server
+    job_id = s.enqueue("lease-dev", {"p": 1}, max_retries=3)
+    job = claim(s, "lease-dev", "holder")[0]
+    body = {"worker_id": "holder", "lease_id": job["lease_id"]}
+    # steal: re-issued to another worker; the old holder is told it no longer owns the job (404)
+    r = s.request("POST", f"/_dev/leases/{job_id}/steal", json={"worker_id": "thief", "lease_duration_secs": 60})
+    assert r.status_code == 200, r.text
+    stolen = r.json()
+    assert stolen["worker_id"] == "thief" and stolen["lease_id"] != job["lease_id"]
+    assert s.request("POST", f"/api/v1/jobs/{job_id}/heartbeat", json=body).status_code == 404
+    assert s.request("POST", f"/api/v1/jobs/{job_id}/complete", json=body).status_code == 404
+    assert s.job(job_id)["assigned_worker_id"] == "thief"
+    # stolen again by the same worker: its old lease id is stale, so its renewal meets 409 LEASE_EXPIRED
+    assert s.steal_lease(job_id, "thief")["lease_id"] != stolen["lease_id"]
+    r = s.request(
+        "POST", f"/api/v1/jobs/{job_id}/heartbeat", json={"worker_id": "thief", "lease_id": stolen["lease_id"]}
+    )
+    assert r.status_code == 409 and r.json()["code"] == "LEASE_EXPIRED"
+    # expire: the sweep hands the job out again
+    assert s.request("POST", f"/_dev/leases/{job_id}/expire").status_code == 200
+    again = wait_until(lambda: claim(s, "lease-dev", "second"), timeout=10, what="the job handed out again")[0]
+    assert again["id"] == job_id and again["retry_count"] == 1
+    # only processing jobs have a lease to lose
+    other = s.enqueue("lease-dev", {"p": 2})
+    assert s.request("POST", f"/_dev/leases/{other}/expire").status_code == 409
+    assert s.request("POST", "/_dev/leases/no-such-job/steal").status_code == 404
+    assert requests.post(s.url + f"/_dev/leases/{job_id}/expire", timeout=5).status_code == 401
+    # the request log: /api/v1 requests only, with the lease id a job route named, oldest first
+    log = s.request("GET", "/_dev/requests").json()
+    beats = [e for e in log if e["path"] == f"/api/v1/jobs/{job_id}/heartbeat"]
+    assert [(e["status"], e["lease_id"]) for e in beats] == [(404, job["lease_id"]), (409, stolen["lease_id"])]
+    assert all(not e["path"].startswith("/_dev") for e in log)
+    assert [e["t"] for e in log] == sorted(e["t"] for e in log)
+    later = s.request("GET", f"/_dev/requests?since={beats[-1]['t']}").json()
+    assert later and all(e["t"] > beats[-1]["t"] for e in later)
+
+
+def test_fault_status_answers_408_or_another_5xx(dev_server):
+    s = dev_server
+    assert s.request("POST", "/_dev/faults", json={"fail_503": 1.0, "fail_status": 502}).json()["fail_status"] == 502
+    r = s.request("GET", "/api/v1/jobs/stats")
+    assert r.status_code == 502 and r.json()["code"] == "BAD_GATEWAY"
+    s.request("POST", "/_dev/faults", json={"fail_status": 408})
+    assert s.request("GET", "/api/v1/jobs/stats").status_code == 408
+    assert s.request("POST", "/_dev/faults", json={"fail_status": 404}).status_code == 400
+    s.request("POST", "/_dev/faults", json={"fail_503": 0, "fail_status": 503})
+    assert s.request("GET", "/api/v1/jobs/stats").status_code == 200
+
+
+def test_dlq_purge_really_purges(dev_server):
+    s = dev_server
+    dead = {}
+    for queue, n in (("pa", 2), ("pb", 1)):
+        for i in range(n):
+            jid = s.enqueue(queue, {"i": i}, max_retries=0)
+            job = claim(s, queue)[0]
+            r = s.request(
+                "POST", f"/api/v1/jobs/{jid}/fail", json={"worker_id": "w", "lease_id": job["lease_id"], "error": "bad"}
+            )
+            assert r.status_code == 200, r.text
+            dead.setdefault(queue, []).append(jid)
+    kept = s.enqueue("pa", {"alive": True})
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"queue_name": "pa"}).status_code == 400  # no confirm
+    assert s.stats()["deadletter"] == 3
+    r = s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True, "queue_name": "pa"})
+    assert r.status_code == 200 and r.json() == {"purged_count": 2}
+    assert s.request("GET", "/api/v1/jobs/dlq?queue_name=pa").json() == []
+    for jid in dead["pa"]:
+        assert s.request("GET", f"/api/v1/jobs/{jid}").status_code == 404  # gone, not just hidden
+    assert [j["id"] for j in s.request("GET", "/api/v1/jobs/dlq?queue_name=pb").json()] == dead["pb"]
+    assert s.job(kept)["status"] == "pending"  # only dead letters are purged
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True, "queue_name": "pa"}).json() == {
+        "purged_count": 0
+    }
+    assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True}).json() == {"purged_count": 1}
+    assert s.stats()["deadletter"] == 0 and s.stats()["total"] == 1

@@ -88,7 +88,7 @@ def test_refused_and_silent_servers_end_in_unavailable():
     client.submit("x", spooled.claim_call("q", "w", 1, 30))
     [(_, _, error)] = run_until_done(client, sel, wake_r)
     assert isinstance(error, api.Unavailable) and error.code == "TIMEOUT"
-    assert 0.4 < time.monotonic() - started < 3
+    assert 0.4 < time.monotonic() - started < 15  # the 0.5 s deadline, not the OS's minutes
     assert client.conns == []
     silent.close()
 

@@ -113,14 +113,20 @@ def test_unset_env_removes_notify_variables(monkeypatch):
     assert n.enabled  # the parent keeps its own notifier
 
 
-def test_child_process_does_not_inherit_notify_socket(listener, tmp_path):
-    """After unset_env, a subprocess sees no NOTIFY_SOCKET (so handlers cannot notify systemd)."""
+def test_child_process_does_not_inherit_notify_socket(listener, monkeypatch):
+    """What the daemon does: read the variables into its notifier, unset them from its own environment,
+    then start processes; a process started afterwards finds no NOTIFY_SOCKET, yet the parent still notifies."""
     import subprocess
     import sys
 
-    value, _ = listener
-    env = {**os.environ, "NOTIFY_SOCKET": value}
-    Notifier.unset_env(env)
-    out = subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('NOTIFY_SOCKET'))"],
-                         env=env, capture_output=True, text=True, timeout=30)
-    assert out.stdout.strip() == "None"
+    value, sock = listener
+    monkeypatch.setenv("NOTIFY_SOCKET", value)
+    monkeypatch.setenv("WATCHDOG_USEC", "1000000")
+    n = Notifier.from_env()
+    Notifier.unset_env()  # the process's own environment, as the daemon calls it
+    probe = "import os; print(os.environ.get('NOTIFY_SOCKET'), os.environ.get('WATCHDOG_USEC'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)  # inherits
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "None None"
+    assert n.ready("up")
+    assert recv(sock) == "READY=1\nSTATUS=up"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 
+import psutil
 import pytest
 import requests
 from conftest import Daemon, free_port, wait_for_status, wait_until
@@ -35,6 +37,17 @@ def test_notify_ready_status_watchdog_and_stopping(dev_server, tmp_path):
         assert dev_server.worker("w-notify")["status"] == "healthy"  # READY comes after registration
         got("WATCHDOG=1")
         got("STATUS=")
+        # Children must not inherit the notify socket. They are forked from the forkserver, whose environment
+        # the kernel still shows (a titled process's /proc/<pid>/environ is zeroed by setproctitle), so read
+        # it there; and ask each child's live os.environ through a job.
+        forkservers = [p for p in psutil.Process(daemon.proc.pid).children() if "forkserver" in " ".join(p.cmdline())]
+        assert len(forkservers) == 1, forkservers
+        env = environ_of(forkservers[0].pid)
+        assert any(v.startswith("PATH=") for v in env), env  # a real environment, not a blank
+        assert not [v for v in env if v.split("=", 1)[0] in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "SPOOLED_API_KEY")]
+        ids = [dev_server.enqueue("q-notify", {"do": "env"}) for _ in range(4)]
+        for job in wait_for_status(dev_server, ids, timeout=20):
+            assert not {"NOTIFY_SOCKET", "WATCHDOG_USEC"} & set(job["result"]["env"]), job["result"]["env"]
         daemon.signal(signal.SIGTERM)
         got("STOPPING=1")
         assert daemon.wait(20) == 0
@@ -43,8 +56,12 @@ def test_notify_ready_status_watchdog_and_stopping(dev_server, tmp_path):
         sock.close()
     ready = next(m for m in received if "READY=1" in m)
     assert "queue=q-notify" in ready
-    # children must not inherit the notify socket
-    assert "NOTIFY_SOCKET" not in daemon.out.text()
+
+
+def environ_of(pid: int) -> list[str]:
+    """A process's environment as the kernel holds it (/proc/<pid>/environ)."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return [item.decode(errors="replace") for item in f.read().split(b"\0") if item]
 
 
 @pytest.mark.timeout(60)
@@ -105,22 +122,41 @@ def test_json_logs_carry_job_fields_and_never_the_key(dev_server):
 @pytest.mark.timeout(90)
 def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server):
     port = free_port()
-    ids = [dev_server.enqueue("q-hup", {"do": "cpu", "ms": 100}) for _ in range(40)]
+    ids = [dev_server.enqueue("q-hup", {"do": "cpu", "ms": 100}) for _ in range(60)]
     daemon = Daemon(dev_server, "q-hup", procs=2, worker_id="w-hup", args=["--health-port", str(port)]).start()
     try:
         daemon.wait_ready()
         before = {c["pid"] for c in status_of(port)["children"]}
+        assert len(before) == 2
+        # Sample the process table from just before the signal until both children are new.
+        first_seen: dict[int, float] = {}
+        last_seen: dict[int, float] = {}
+        alive_counts = []
         daemon.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            now = time.monotonic()
+            pids = set(daemon.child_pids())
+            alive_counts.append(len(pids))
+            for pid in pids:
+                first_seen.setdefault(pid, now)
+                last_seen[pid] = now
+            new = set(first_seen) - before
+            if len(new) >= 2 and not (pids & before):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"children not replaced after SIGHUP: seen {sorted(first_seen)}, before {before}")
         daemon.out.wait_for(r"SIGHUP: replacing children")
-
-        def replaced():
-            pids = {c["pid"] for c in status_of(port)["children"]}
-            return len(pids) == 2 and not (pids & before)
-
-        wait_until(replaced, timeout=30, what="every child replaced after SIGHUP")
-        jobs = wait_for_status(dev_server, ids, timeout=40)
+        new = sorted(set(first_seen) - before, key=first_seen.get)
+        # One at a time: the second old child was still alive when the first new one was already up,
+        # and at no moment were both slots empty.
+        assert max(last_seen[p] for p in before) >= first_seen[new[0]], (last_seen, first_seen)
+        assert min(alive_counts) >= 1, alive_counts
+        jobs = wait_for_status(dev_server, ids, timeout=60)
         assert all(j["retry_count"] == 0 for j in jobs)  # nothing was dropped or redelivered
         assert not [j for j in jobs if "ChildProcessDied" in (j["last_error"] or "")]
+        assert {j["result"]["pid"] for j in jobs} & set(new)  # the new children did work
     finally:
         daemon.stop()
 

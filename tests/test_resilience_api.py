@@ -28,7 +28,9 @@ def new_org(server: DevServer, slug: str) -> str:
 
 @pytest.fixture
 def server(tmp_path):
-    s = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--heartbeat-interval", "1"]).start()
+    s = DevServer(
+        str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--heartbeat-interval", "1"]
+    ).start()
     yield s
     s.stop()
 
@@ -44,12 +46,20 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
         server.stop()  # connection refused from now on
         down_at = time.time()
         # The jobs finish while the API is down; the daemon keeps their results and keeps trying.
-        wait_until(lambda: {e["job_id"] for e in d.events("complete not delivered yet; will retry")} >= set(ids),
-                   timeout=10, what="both results held back during the outage")
-        assert all("NETWORK_ERROR" in e["error"] or "CONNECTION" in e["error"]
-                   for e in d.events("complete not delivered yet; will retry"))
-        wait_until(lambda: d.events("claim failed") and d.events("heartbeat failed"), timeout=10,
-                   what="claims and heartbeats failing during the outage")
+        wait_until(
+            lambda: {e["job_id"] for e in d.events("complete not delivered yet; will retry")} >= set(ids),
+            timeout=10,
+            what="both results held back during the outage",
+        )
+        assert all(
+            "NETWORK_ERROR" in e["error"] or "CONNECTION" in e["error"]
+            for e in d.events("complete not delivered yet; will retry")
+        )
+        wait_until(
+            lambda: d.events("claim failed") and d.events("heartbeat failed"),
+            timeout=10,
+            what="claims and heartbeats failing during the outage",
+        )
         assert d.proc.poll() is None  # the daemon never exits because the API is down
 
         server = DevServer(server.db, port=server.port, extra=server.extra).start()  # same port, same records
@@ -62,8 +72,11 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
         # Claiming and heartbeats resume by themselves.
         more = server.enqueue("outage", {"do": "echo"})
         assert wait_for_status(server, [more], timeout=15)[0]["status"] == "completed"
-        wait_until(lambda: parse_ts(server.worker("test-worker")["last_heartbeat"]) > up_at, timeout=15,
-                   what="a heartbeat after the API came back")
+        wait_until(
+            lambda: parse_ts(server.worker("test-worker")["last_heartbeat"]) > up_at,
+            timeout=15,
+            what="a heartbeat after the API came back",
+        )
         assert d.proc.poll() is None
     finally:
         d.stop()
@@ -71,32 +84,34 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
     assert d.proc.returncode == 0
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_slow_api_never_stalls_the_loop(server):
-    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "1", "--drain-timeout", "20"]).start()
+    # Every API call hangs 30 s and the daemon waits 10 s for each: a loop that waited on the network would
+    # notice a death or a signal 10 s late; seconds of slack still tell the two apart.
+    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "10", "--drain-timeout", "60"]).start()
     try:
         d.wait_ready()
         job_id = server.enqueue("slow", {"do": "sleep", "secs": 60}, max_retries=0)
         victim = d.busy_child(job_id)
-        r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 4000, "cut": 0})
+        r = server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 30000, "cut": 0})
         assert r.status_code == 200, r.text
-        # With every API call hanging 4 s, a child's death is still seen at once...
-        wait_until(lambda: d.events("claim failed"), timeout=15, what="a claim timing out")
+        # With every API call hanging, a child's death is still seen at once...
+        wait_until(lambda: d.events("claim failed"), timeout=30, what="a claim timing out")
         killed = time.time()
         os.kill(victim, signal.SIGKILL)
         died = wait_until(lambda: d.events("child died during a job"), timeout=5, what="the death noticed")[0]
-        assert parse_ts(died["ts"]) - killed < 0.5, died
+        assert parse_ts(died["ts"]) - killed < 5, died
         wait_until(lambda: len(d.child_pids()) == 2, timeout=5, what="the child replaced")
         assert any("TIMEOUT" in e["error"] for e in d.events("claim failed"))
         # ...and so is a signal.
         d.signal(signal.SIGTERM)
         signalled = time.time()
         draining = wait_until(lambda: d.events("stop signal: draining"), timeout=5, what="the drain to start")[0]
-        assert parse_ts(draining["ts"]) - signalled < 0.5
+        assert parse_ts(draining["ts"]) - signalled < 5
         # The failure report waits for the API; once it answers again it is delivered and the daemon exits 0.
-        wait_until(lambda: d.events("fail not delivered yet; will retry"), timeout=15, what="the report retried")
+        wait_until(lambda: d.events("fail not delivered yet; will retry"), timeout=30, what="the report retried")
         server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
-        assert d.wait(30) == 0
+        assert d.wait(60) == 0
         job = server.job(job_id)
         assert job["status"] == "deadletter"
         assert f"(pid {victim}) killed by SIGKILL (possibly out of memory)" in job["last_error"]
@@ -106,8 +121,10 @@ def test_a_slow_api_never_stalls_the_loop(server):
 
 @pytest.mark.timeout(90)
 def test_503s_and_cut_answers_lose_no_job(tmp_path):
-    server = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25",
-                                                       "--fault-cut", "0.1", "--fault-seed", "4"]).start()
+    server = DevServer(
+        str(tmp_path / "dev.db"),
+        extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25", "--fault-cut", "0.1", "--fault-seed", "4"],
+    ).start()
     d = Daemon(server, "faulty", procs=2, args=["--lease", "5"]).start()
     try:
         # Enqueue with the faults off for the test's own client, then turn them back on.
@@ -144,19 +161,39 @@ def test_429_honours_retry_after(tmp_path):
     d = Daemon(server, "limited", procs=2, args=["--poll-interval", "0.05"]).start()
     try:
         ids = []
-        for i in range(6):
-            ids.append(wait_until(lambda: (lambda r: r.json()["id"] if r.status_code == 201 else None)(
-                server.request("POST", "/api/v1/jobs", json={"queue_name": "limited", "payload": {"do": "echo"}})),
-                timeout=10, interval=0.3, what="an enqueue under the rate limit"))
+        for _i in range(6):
+            ids.append(
+                wait_until(
+                    lambda: (lambda r: r.json()["id"] if r.status_code == 201 else None)(
+                        server.request(
+                            "POST", "/api/v1/jobs", json={"queue_name": "limited", "payload": {"do": "echo"}}
+                        )
+                    ),
+                    timeout=10,
+                    interval=0.3,
+                    what="an enqueue under the rate limit",
+                )
+            )
 
         def done():
             r = server.request("GET", "/api/v1/jobs?queue_name=limited&status=completed&limit=50")
             return r.status_code == 200 and len(r.json()) >= 6
 
         wait_until(done, timeout=40, interval=1.0, what="six jobs completed under a 3 rps limit")
-        limited = [e for e in d.events("claim failed") if "429" in e["error"]]
+        # From the server's side: once any of the daemon's requests was answered 429 (Retry-After: 1 at
+        # least), no claim of its reached the server before the Retry-After was over.
+        seen = server.requests_seen()
+        def by_daemon(e: dict) -> bool:  # the test's own enqueues and reads are not the daemon's
+            job_route = e["method"] == "POST" and e["path"].startswith("/api/v1/jobs/") and e["path"].count("/") == 5
+            return e["path"] == "/api/v1/jobs/claim" or "/workers/" in e["path"] or job_route
+
+        daemon_calls = [e for e in seen if by_daemon(e)]
+        limited = [e for e in daemon_calls if e["status"] == 429]
         assert limited, "the daemon never hit the rate limit"
-        assert all(e["retry_in"] >= 1.0 for e in limited), limited  # Retry-After: 1 (at least)
+        claims = [e for e in daemon_calls if e["path"] == "/api/v1/jobs/claim"]
+        for refusal in limited:
+            after = [c["received"] - refusal["t"] for c in claims if c["received"] > refusal["t"]]
+            assert not after or min(after) >= 0.98, (refusal, after[:3])
         assert d.proc.poll() is None
     finally:
         d.stop()
@@ -166,16 +203,30 @@ def test_429_honours_retry_after(tmp_path):
 @pytest.mark.timeout(60)
 def test_quota_exceeded_at_registration_retries_with_back_off(tmp_path):
     server = DevServer(str(tmp_path / "dev.db"), extra=["--max-workers", "1"]).start()
-    r = server.request("POST", "/api/v1/workers/register",
-                       json={"queue_name": "cap", "worker_id": "squatter", "hostname": "elsewhere"})
+    r = server.request(
+        "POST", "/api/v1/workers/register", json={"queue_name": "cap", "worker_id": "squatter", "hostname": "elsewhere"}
+    )
     assert r.status_code in (200, 201), r.text
     d = Daemon(server, "cap", procs=1).start()
     try:
-        events = wait_until(lambda: (lambda ev: ev if len(ev) >= 2 else None)(
-            d.events("worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after about 2 minutes, "
-                     "retrying registration")), timeout=15, what="two registration retries")
+        events = wait_until(
+            lambda: (lambda ev: ev if len(ev) >= 3 else None)(
+                d.events(
+                    "worker cap reached (429 QUOTA_EXCEEDED); stale workers free their slot after about 2 minutes, "
+                    "retrying registration"
+                )
+            ),
+            timeout=20,
+            what="three registrations refused",
+        )
         assert events[0]["level"] == "warning" and "QUOTA_EXCEEDED" in events[0]["error"]
-        assert 0.5 <= events[0]["retry_in"] <= 1.0 and 1.0 <= events[1]["retry_in"] <= 2.0, events
+        # The back-off as the server saw it: registrations at least [d/2, d] apart, d = 1 s, 2 s, ...
+        tries = [
+            e["t"] for e in server.requests_seen() if e["path"] == "/api/v1/workers/register" and e["status"] == 429
+        ]
+        assert len(tries) >= 3, tries  # the squatter's own 201 is not counted
+        first, second = tries[1] - tries[0], tries[2] - tries[1]
+        assert 0.49 <= first <= 1.0 + 5 and 0.99 <= second <= 2.0 + 5, (first, second)
         assert d.proc.poll() is None and server.worker("test-worker") is None
         assert server.request("POST", "/api/v1/workers/squatter/deregister").status_code in (200, 204)
         d.wait_ready(timeout=20)
@@ -202,25 +253,44 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
     d = Daemon(server, "auth", procs=2, key=key).start()
     try:
         d.wait_ready()
-        r = server.request("POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}},
-                           key=key)
+        r = server.request(
+            "POST", "/api/v1/jobs", json={"queue_name": "auth", "payload": {"do": "sleep", "secs": 3}}, key=key
+        )
         job_id = r.json()["id"]
         d.busy_child(job_id)
-        started = time.monotonic()
         # Revoke the key: stop the server, delete the key's row, start it again on the same port.
         server.stop()
         with sqlite3.connect(server.db) as db:
-            assert db.execute("DELETE FROM api_keys WHERE organization_id=(SELECT id FROM organizations "
-                              "WHERE slug='revoked-org')").rowcount == 1
+            assert (
+                db.execute(
+                    "DELETE FROM api_keys WHERE organization_id=(SELECT id FROM organizations WHERE slug='revoked-org')"
+                ).rowcount
+                == 1
+            )
         server2 = DevServer(server.db, port=server.port, extra=server.extra).start()
         try:
             assert d.wait(30) == 4
-            assert time.monotonic() - started >= 2.5  # it let the running job finish before exiting
             assert d.events("stopping: unauthorized")
             assert d.events("drained: no job in flight")
             assert not d.events("job timed out; stopping its child")
+            seen = server2.requests_seen()
+            first_401 = next(e for e in seen if e["status"] == 401)
+            # Claiming stopped at the first 401: no claim went out after it.
+            assert not [e for e in seen if e["path"] == "/api/v1/jobs/claim" and e["t"] > first_401["t"]], seen
+            # The running job was let finish: its result was offered (and refused: the key is gone) after the
+            # handler's 3 s, not cut short. The server still holds it for its lease, neither failed nor retried.
+            offered = [e for e in seen if e["path"] == f"/api/v1/jobs/{job_id}/complete"]
+            assert [e["status"] for e in offered] == [401], seen
+            assert not [e for e in seen if e["path"] == f"/api/v1/jobs/{job_id}/fail"]
         finally:
             server2.stop()
+        # The job, read back from the server's records (its organization has no key left to ask with).
+        with sqlite3.connect(server.db) as db:
+            status, retries, worker, started_at = db.execute(
+                "SELECT status, retry_count, assigned_worker_id, started_at FROM jobs WHERE id=?", (job_id,)
+            ).fetchone()
+        assert (status, retries, worker) == ("processing", 0, "test-worker")
+        assert offered[0]["t"] - started_at >= 3.0  # the handler ran its full 3 s before the result was offered
     finally:
         d.stop()
 
@@ -228,8 +298,12 @@ def test_401_mid_run_stops_claiming_finishes_in_flight_work_and_exits_4(server):
 @pytest.mark.timeout(30)
 def test_409_worker_id_owned_by_another_org_exits_5(server):
     other = new_org(server, "other-org")
-    r = server.request("POST", "/api/v1/workers/register",
-                       json={"queue_name": "taken", "worker_id": "shared-id", "hostname": "elsewhere"}, key=other)
+    r = server.request(
+        "POST",
+        "/api/v1/workers/register",
+        json={"queue_name": "taken", "worker_id": "shared-id", "hostname": "elsewhere"},
+        key=other,
+    )
     assert r.status_code in (200, 201), r.text
     d = Daemon(server, "taken", worker_id="shared-id").start()
     assert d.wait(20) == 5
@@ -237,6 +311,7 @@ def test_409_worker_id_owned_by_another_org_exits_5(server):
     assert line and line[0]["level"] == "error" and "409" in line[0]["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_leases_are_renewed_while_every_answer_is_slow(server):
     """Every request takes 1.5 s; a job running 2.5 times its 5 s lease still completes on its first delivery."""

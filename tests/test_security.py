@@ -34,8 +34,10 @@ def test_the_key_never_shows_in_logs_titles_argv_or_the_childrens_environment(de
     try:
         d.wait_ready()
         assert key not in " ".join(d.cmd)  # the key reaches the daemon only through its environment
-        ids = [dev_server.enqueue("secret", {"do": "env"}), dev_server.enqueue("secret", {"do": "raise", "message": "x"},
-                                                                               max_retries=0)]
+        ids = [
+            dev_server.enqueue("secret", {"do": "env"}),
+            dev_server.enqueue("secret", {"do": "raise", "message": "x"}, max_retries=0),
+        ]
         # Make the API fail for a while so error paths log too.
         dev_server.request("POST", "/_dev/faults", json={"fail_503": 1.0, "delay_ms": 0, "cut": 0})
         wait_until(lambda: d.events("claim failed"), timeout=10, what="a failed claim logged")
@@ -75,16 +77,24 @@ def test_the_key_never_shows_in_exception_text_or_reprs():
 
 
 def test_plain_http_to_another_host_is_refused_unless_allowed():
-    env = {"PATH": "/usr/bin:/bin", "SPOOLED_API_KEY": "sp_test_" + "a" * 40}
-    r = subprocess.run([PY, "-m", "supervisor", "run", "--queue", "q", "--handler", "supervisor.demo_handlers:noop",
-                        "--api-url", "http://api.example.com"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=30)
+    env = {"PATH": "/usr/bin:/bin", "SPOOLED_API_KEY": "sp_test_" + "a" * 40, "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [PY, "-m", "supervisor", "run", "--queue", "q", "--handler", "supervisor.demo_handlers:noop",
+           "--api-url", "http://api.example.com"]
+    r = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: refusing plain http:// to api.example.com"), r.stderr
     assert "sp_test_" not in r.stderr + r.stdout
-    cfg = load_config(["--queue", "q", "--handler", "m:f", "--api-url", "http://api.example.com", "--allow-insecure-http"],
-                      env)
+    cfg = load_config(
+        ["--queue", "q", "--handler", "m:f", "--api-url", "http://api.example.com", "--allow-insecure-http"], env
+    )
     assert cfg.allow_insecure_http and cfg.api_url == "http://api.example.com"
     for url in ("http://127.0.0.1:8787", "http://localhost:8787", "http://[::1]:8787"):
         assert load_config(["--queue", "q", "--handler", "m:f", "--api-url", url], env).api_url == url
@@ -132,24 +142,48 @@ def tls_proxy(cert: str, key: str, upstream: str) -> tuple[_TlsProxy, int]:
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_tls_is_verified_and_a_private_ca_works_with_ca_bundle(dev_server, tmp_path):
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
     proxy, port = tls_proxy(cert, key, dev_server.url)
     url = f"https://127.0.0.1:{port}"
     try:
         # Without the CA: the certificate is refused, nothing registers, and the daemon keeps retrying.
         untrusted = Daemon(dev_server, "tls", procs=1, worker_id="tls-untrusted", args=["--api-url", url]).start()
         try:
-            failed = wait_until(lambda: untrusted.events("registration failed; retrying"), timeout=15,
-                                what="registration refused over an untrusted certificate")
+            failed = wait_until(
+                lambda: untrusted.events("registration failed; retrying"),
+                timeout=15,
+                what="registration refused over an untrusted certificate",
+            )
             assert "CERTIFICATE_VERIFY_FAILED" in failed[0]["error"], failed[0]
             assert dev_server.worker("tls-untrusted") is None and untrusted.proc.poll() is None
         finally:
             untrusted.stop()
         # With --ca-bundle: verified, registered, and a job runs.
-        trusted = Daemon(dev_server, "tls", procs=1, worker_id="tls-trusted",
-                         args=["--api-url", url, "--ca-bundle", cert]).start()
+        trusted = Daemon(
+            dev_server, "tls", procs=1, worker_id="tls-trusted", args=["--api-url", url, "--ca-bundle", cert]
+        ).start()
         try:
             trusted.wait_ready()
             job = dev_server.enqueue("tls", {"do": "echo"})

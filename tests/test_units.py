@@ -80,7 +80,9 @@ def test_config_defaults_and_one_line_errors(monkeypatch):
         assert text in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="no API key"):
         load_config(["--queue", "q", "--handler", "m:f"], {})
-    insecure = load_config(["--queue", "q", "--handler", "m:f", "--api-url", "http://10.0.0.1", "--allow-insecure-http"], ENV)
+    insecure = load_config(
+        ["--queue", "q", "--handler", "m:f", "--api-url", "http://10.0.0.1", "--allow-insecure-http"], ENV
+    )
     assert insecure.api_url == "http://10.0.0.1"
     from_env = load_config([], {**ENV, "SPOOLED_QUEUE": "q2", "SPOOLED_HANDLER": "m:g", "SPOOLED_PROCS": "3"})
     assert (from_env.queue, from_env.handler, from_env.procs) == ("q2", "m:g", 3)
@@ -128,8 +130,10 @@ def test_death_causes_and_job_quota_jitter():
 def test_api_errors_are_classified_for_the_loop():
     assert isinstance(api.classify(409, {"code": "LEASE_EXPIRED"}, job_route=True), api.LeaseLost)
     assert isinstance(api.classify(404, {"code": "NOT_FOUND"}, job_route=True), api.LeaseLost)
-    assert isinstance(api.classify(409, {"code": "CONFLICT", "message": "Job is already completed"}, job_route=True),
-                      api.AlreadyFinished)
+    assert isinstance(
+        api.classify(409, {"code": "CONFLICT", "message": "Job is already completed"}, job_route=True),
+        api.AlreadyFinished,
+    )
     assert isinstance(api.classify(409, {"code": "CONFLICT"}), api.Conflict)
     assert isinstance(api.classify(429, {"code": "QUOTA_EXCEEDED"}), api.QuotaExceeded)
     limited = api.classify(429, {"code": "RATE_LIMIT_EXCEEDED"}, {"Retry-After": "7"})

@@ -20,6 +20,15 @@ class HandlerSpecError(ValueError):
     pass
 
 
+def _ensure_child_logging() -> None:
+    """A child comes from the forkserver, a fresh interpreter with no logging set up: give it the parent's
+    default (JSON unless stderr is a terminal) the first time a handler logs, so ctx.log is never dropped."""
+    if not logging.getLogger().handlers:
+        from supervisor.ops.logs import setup_logging
+
+        setup_logging("auto", "INFO")
+
+
 def parse_spec(spec: str) -> tuple[str, str]:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -69,7 +78,10 @@ class JobContext:
         return self.job_id
 
     def log(self, message: str, **fields) -> None:
-        logging.getLogger(f"supervisor.job.{self.job_id}").info(message, extra={"job_id": self.job_id, **fields})
+        """One INFO line on the daemon's stderr with `job_id`, `queue` and the fields."""
+        _ensure_child_logging()
+        logging.getLogger(f"supervisor.job.{self.job_id}").info(
+            message, extra={"job_id": self.job_id, "queue": self.queue_name, **fields})
 
     def progress(self, percent: float, message: str | None = None) -> None:
         self.log(f"progress {percent:.0f}%" + (f": {message}" if message else ""), progress=percent)

@@ -11,4 +11,5 @@ Modules, one concern each:
   sweeps   -- background lease recovery and stale-worker reaper
   faults   -- fault injection and per-org rate limiting
   grpc_server -- Spooled's gRPC API (--grpc-port) over the same store; stubs in grpc_gen/
+  devtools -- dev-only routes: lose a lease on demand, the request log
 """

@@ -11,9 +11,11 @@ from __future__ import annotations
 import sqlite3
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from . import devtools
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -29,6 +31,9 @@ ROUTES = [
     ("GET", "/_dev/faults", h.get_faults, DEV),
     ("POST", "/_dev/faults", h.set_faults, DEV),
     ("GET", "/_dev/stats", h.get_stats, DEV),
+    ("GET", "/_dev/requests", devtools.get_requests, DEV),
+    ("POST", "/_dev/leases/{id}/expire", devtools.expire_lease, DEV),
+    ("POST", "/_dev/leases/{id}/steal", devtools.steal_lease, DEV),
     ("POST", "/api/v1/organizations", h.create_org, API),
     ("POST", "/api/v1/workers/register", h.register_worker, API),
     ("GET", "/api/v1/workers", h.list_workers, API),
@@ -139,6 +144,7 @@ class App:
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
+        self.requests = devtools.RequestLog()  # GET /_dev/requests
 
     def authenticate(self, headers) -> str:
         auth = headers.get("authorization")
@@ -151,8 +157,11 @@ class App:
         return org
 
     def serve(self, req: Request) -> tuple[int, object, dict, bool]:
-        """handle() plus the `x-api-version: 1` header every /api/ answer carries."""
+        """handle() plus the `x-api-version: 1` header every /api/ answer carries, recorded in the request
+        log (GET /_dev/requests)."""
+        received = time.time()
         status, body, headers, cut = self.handle(req)
+        self.requests.record(req.method, req.path, status, req.body, received)
         if req.path.startswith("/api/"):
             headers["x-api-version"] = "1"
         return status, body, headers, cut

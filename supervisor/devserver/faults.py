@@ -3,6 +3,7 @@
 Faults apply only to /api/v1 routes (never /health* or /_dev/faults):
   delay_ms   -- sleep that long before handling (for a `delay_fraction` of requests; default all)
   fail_503   -- fraction of requests answered 503 SERVICE_UNAVAILABLE without being handled
+  fail_status -- the status those answers carry instead of 503: 408 or another 5xx
   cut        -- fraction of requests handled (the write commits) whose response is cut off:
                 the status line and headers are sent, then half the body, then the socket closes.
 The rate limiter is a token bucket per organization (rps, burst); a refusal gives
@@ -20,6 +21,8 @@ import time
 
 from .errors import HttpError
 
+_FAULT_CODES = {408: "REQUEST_TIMEOUT", 502: "BAD_GATEWAY", 503: "SERVICE_UNAVAILABLE", 504: "GATEWAY_TIMEOUT"}
+
 
 class Faults:
     """Thread-safe, replaceable fault settings with a seeded RNG."""
@@ -29,12 +32,13 @@ class Faults:
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self.fail_503, self.delay_ms, self.cut, self.delay_fraction = 0.0, 0, 0.0, 1.0
+        self.fail_status = 503
         self.update({"fail_503": fail_503, "delay_ms": delay_ms, "cut": cut, "delay_fraction": delay_fraction})
 
     def snapshot(self) -> dict:
         with self._lock:
             return {"fail_503": self.fail_503, "delay_ms": self.delay_ms, "cut": self.cut,
-                    "delay_fraction": self.delay_fraction}
+                    "delay_fraction": self.delay_fraction, "fail_status": self.fail_status}
 
     @staticmethod
     def check(values: dict) -> dict:
@@ -51,6 +55,11 @@ class Faults:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 600_000:
                 raise ValueError("delay_ms must be a number of milliseconds between 0 and 600000")
             out["delay_ms"] = int(v)
+        if "fail_status" in values:
+            v = values["fail_status"]
+            if isinstance(v, bool) or not isinstance(v, int) or not (v == 408 or 500 <= v <= 599):
+                raise ValueError("fail_status must be 408 or a status from 500 to 599")
+            out["fail_status"] = v
         return out
 
     def update(self, values: dict) -> dict:
@@ -68,10 +77,12 @@ class Faults:
         with self._lock:
             delay = self.delay_ms if (self.delay_ms and self._rng.random() < self.delay_fraction) else 0
             fail = self.fail_503 and self._rng.random() < self.fail_503
+            status = self.fail_status
         if delay:
             time.sleep(delay / 1000.0)
         if fail:
-            raise HttpError(503, "SERVICE_UNAVAILABLE", "Injected fault: service unavailable")
+            message = "service unavailable" if status == 503 else f"status {status}"
+            raise HttpError(status, _FAULT_CODES.get(status, "INTERNAL_ERROR"), f"Injected fault: {message}")
 
     def should_cut(self) -> bool:
         with self._lock:

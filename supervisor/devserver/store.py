@@ -831,3 +831,32 @@ class Store:
                               "w.status='offline'").fetchall()
             self._recover(db, rows, now, "Worker went offline", "Max retries exceeded after worker went offline")
         return n, len(rows)
+
+    # ---- dev tools: lose a lease on demand (POST /_dev/leases/{id}/expire | steal) ----
+    def expire_lease(self, org: str, job_id: str) -> None:
+        """Make a processing job's lease expire now: the next sweep hands the job out again (until then the
+        holder's renewal or report meets 409 LEASE_EXPIRED, after it 404)."""
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE jobs SET lease_expires_at=?, updated_at=? WHERE id=? AND organization_id=? "
+                             "AND status='processing'", (now, now, job_id, org))
+            if cur.rowcount == 0:
+                raise self._not_processing(db, org, job_id)
+
+    def steal_lease(self, org: str, job_id: str, worker_id: str, secs: int) -> dict:
+        """Re-issue a processing job to `worker_id` under a new lease, as a claim by that worker would: the
+        old holder's renewal or report meets 404 (another worker's job now) or 409 (its lease id is stale)."""
+        now = time.time()
+        lease_id = f"{uuid.uuid4()}-{job_id}"
+        with self._tx() as db:
+            cur = db.execute("UPDATE jobs SET assigned_worker_id=?, lease_id=?, lease_expires_at=?, updated_at=? "
+                             "WHERE id=? AND organization_id=? AND status='processing'",
+                             (worker_id, lease_id, now + secs, now, job_id, org))
+            if cur.rowcount == 0:
+                raise self._not_processing(db, org, job_id)
+        return {"id": job_id, "worker_id": worker_id, "lease_id": lease_id, "lease_expires_at": ts(now + secs)}
+
+    @staticmethod
+    def _not_processing(db, org: str, job_id: str) -> HttpError:
+        row = db.execute("SELECT status FROM jobs WHERE id=? AND organization_id=?", (job_id, org)).fetchone()
+        return not_found("Job not found") if row is None else conflict(f"Job is {row[0]}, not processing")
