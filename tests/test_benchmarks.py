@@ -22,7 +22,7 @@ def test_benchmark_script_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
            "--noop-jobs", "100", "--latency-samples", "3", "--scaling", "1,2", "--idle-seconds", "0.2",
-           "--json", str(out), "--no-markdown"]
+           "--json", str(out), "--no-markdown", "--no-api"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -49,3 +49,25 @@ def test_benchmark_script_tiny_run(tmp_path):
     assert all(s["completed"] == s["jobs"] and s["jobs_per_s"] > 0 for s in r["scaling"]["rows"])
     assert {t["name"] for t in r["targets"]} and all(isinstance(t["met"], bool) for t in r["targets"])
     assert "efficiency" in proc.stdout and "targets" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+def test_api_benchmark_tiny_run(tmp_path):
+    """benchmarks/bench_api.py (the API-latency, no-op, fleet and budget sections run.py also runs)."""
+    out = tmp_path / "api.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api.py"), "--quick", "--delays", "20", "--ms", "20",
+           "--rates", "25", "--seconds", "0.3", "--noop-jobs", "100", "--fleet-jobs", "4", "--budget-seconds", "2",
+           "--no-sdk", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    rows = {row["worker"]: row for row in r["latency"]}
+    assert {"ours", "prefetch0"} <= set(rows)
+    for row in r["latency"] + r["noop"] + r["budget"]:
+        assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
+    assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]
+    assert r["budget"][0]["rate_limit_rps"] == 25 and r["budget"][0]["requests"] >= r["budget"][0]["jobs"]
+    f = r["fleet"]
+    assert f["completed"] == f["jobs"] == 4 and f["makespan_over_ideal"] > 0 and sum(f["split"].values()) == 4
+    assert "API latency" in proc.stdout and "Request budget" in proc.stdout
