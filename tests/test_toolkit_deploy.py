@@ -159,7 +159,10 @@ def test_scales_the_deployment_on_the_queue_stats_route():
         assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
         assert (meta["url"], meta["format"], meta["authMode"]) == (stats_url, "json", "bearer")
         assert float(meta["targetValue"]) > 0
-    procs = int(flag(container_of(deployment)["args"], "--procs"))
+    # one running job per child: the daemon starts one child per CPU the limit grants (no --procs in the manifest)
+    limit = str(container_of(deployment)["resources"]["limits"]["cpu"])
+    procs = float(limit[:-1]) / 1000 if limit.endswith("m") else float(limit)
+    assert flag(container_of(deployment)["args"], "--procs") is None
     assert float(triggers()["processing_jobs"]["metadata"]["targetValue"]) == procs
 
 

@@ -11,7 +11,7 @@ from logging import ERROR, INFO, WARNING
 from urllib.parse import quote
 
 from supervisor import exitcodes
-from supervisor.client.rest import SpooledAPI
+from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.config import Config, ConfigError, load_config
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
@@ -21,6 +21,7 @@ from supervisor.parent.childproc import set_group_grace, start_forkserver
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 log = logging.getLogger("supervisor")
+MAX_START_RETRY_AFTER = 10.0  # seconds at most that a 429 at start-up holds the start
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +97,12 @@ def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable
 def _read_row(client: SpooledAPI, worker_id: str) -> dict | None:
     try:
         row = client.get(f"/api/v1/workers/{quote(worker_id, safe='')}")
+    except RateLimited as exc:  # honour Retry-After before the first claim too (bounded: start-up waits)
+        wait = min(float(exc.retry_after or 1.0), MAX_START_RETRY_AFTER)
+        log_event(log, WARNING, "the API rate-limited the worker-row read; waiting its Retry-After before going on",
+                  retry_in=wait)
+        time.sleep(wait)
+        return None
     except Exception as exc:  # 404 (no row yet), API down, anything: never block the start on it
         if getattr(exc, "status", None) != 404:
             log_event(log, WARNING, "could not read the worker row before registering; going ahead",
