@@ -41,9 +41,6 @@ class Channel:
         self._in = bytearray()
         self._eof = False
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
-
     @property
     def wants_write(self) -> bool:
         return bool(self._out)

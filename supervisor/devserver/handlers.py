@@ -46,7 +46,7 @@ def _encode(field: str, value) -> str:
         raise validation(field, f"{field} cannot be stored as JSON (nested too deeply)", "invalid_json") from None
 
 
-def _json_text(field: str, value, limit: int, too_big_status: int = 400) -> str:
+def _json_text(field: str, value, limit: int) -> str:
     text = _encode(field, value)
     if len(text.encode()) > limit:
         raise validation(field, f"{field} size ({len(text.encode())} bytes) exceeds maximum ({limit} bytes)",
