@@ -53,7 +53,7 @@ log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
 DEREGISTER_TIMEOUT = 5.0
-MAX_CONNECTIONS = 32  # kept-alive API connections at most
+MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
@@ -88,9 +88,10 @@ class Arbiter:
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
         # Completes, claims and renewals overlap on kept-alive connections: with 50 ms answers, each
-        # connection carries at most 20 requests/s, so the pool grows with the children it serves.
+        # connection carries at most 20 requests/s, and 5 ms jobs on one child want 200 a second, so the
+        # pool may grow to 8 connections a child (opened only while calls wait for one).
         self.http = (client.loop_client(self.sel, self.wake_w) if cfg.transport == "grpc" else  # type: ignore[attr-defined]
-                     LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 4 + 2 * cfg.procs)))
+                     LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs)))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
         self.pool = ChildPool(cfg, self.sel, self.hooks)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
