@@ -628,3 +628,13 @@ def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
     claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)  # the old lease is void
     rig.flow.send_reports()
     assert "complete" not in rig.submit.routes(), "a report was sent for a job no longer held, under its old lease"
+
+
+def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
+    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig.claim(T0, 2, [job("a", queue_name="hi"), job("b", queue_name="lo")], answer_at=T0 + 0.02)
+    rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.02)
+    counts = rig.flow.by_queue()
+    assert list(counts) == ["hi", "lo"]
+    assert counts["hi"] == {"inflight": 1, "reserved": 0, "empty": False}
+    assert counts["lo"] == {"inflight": 1, "reserved": 1, "empty": False}

@@ -441,7 +441,7 @@ class Arbiter:
             "loop_age_secs": round(now - self.loop_at, 3),
             "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
+            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(), "queues": self.jobs.by_queue(),
             "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
             "requests_per_job": round(self.pacer.sent / self.jobs.settled, 3) if self.jobs.settled else None,
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,

@@ -111,6 +111,17 @@ class JobFlow:
         return (not self.inflight.jobs and not self.claim_inflight
                 and all(q.empty_claims > 0 for q in self.queues.values()))
 
+    def by_queue(self) -> dict[str, dict]:
+        """Per queue, in priority order: jobs held (`inflight`), of them not yet started (`reserved`), and
+        whether its last claim came back short (`empty`) — for /status."""
+        out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
+        for e in list(self.inflight.jobs.values()):
+            row = out.get(e.queue)
+            if row is not None:
+                row["inflight"] += 1
+                row["reserved"] += e.slot is None and e.outcome is None
+        return out
+
     def reserved(self) -> int:
         """Jobs claimed and not yet started: the reserve."""
         return len(self.inflight.waiting())
