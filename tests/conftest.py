@@ -338,19 +338,21 @@ class Daemon:
         self.out.wait_for(r'"msg":"ready"', timeout)
         return self
 
-    def events(self, msg: str) -> list[dict]:
+    def records(self) -> list[dict]:
+        """The daemon's JSON log lines so far, in order."""
         import json
 
-        found = []
+        out = []
         for line in list(self.out.lines):
             if line.startswith("{"):
                 try:
-                    record = json.loads(line)
+                    out.append(json.loads(line))
                 except ValueError:
                     continue
-                if record.get("msg") == msg:
-                    found.append(record)
-        return found
+        return out
+
+    def events(self, msg: str) -> list[dict]:
+        return [record for record in self.records() if record.get("msg") == msg]
 
     def wait_events(self, msg: str, count: int = 1, timeout: float = 15.0, **match) -> list[dict]:
         """Poll until at least `count` log lines with this `msg` (and these field values) were read; return them.

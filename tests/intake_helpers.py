@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 
@@ -25,14 +24,7 @@ def dev_stats(server: DevServer, key: str | None = None) -> dict:
 
 def log_records(daemon: Daemon) -> list[dict]:
     """The daemon's JSON log lines so far, in order."""
-    out = []
-    for line in list(daemon.out.lines):
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
+    return daemon.records()
 
 
 def bulk(server: DevServer, queue: str, payloads: list) -> list[str]:

@@ -8,7 +8,6 @@ with that marker at the end, whatever happened.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -275,15 +274,6 @@ def daemons(fast_server):
         d.stop()
 
 
-def json_lines(daemon: Daemon) -> list[dict]:
-    out = []
-    for line in list(daemon.out.lines):
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
 
 
 def wait_heartbeat_metadata(server: DevServer, daemon: Daemon) -> dict:
@@ -302,7 +292,7 @@ def test_a_second_daemon_on_a_live_worker_id_exits_6_and_the_first_loses_no_job(
     jobs = [fast_server.enqueue("ids", {"do": "quick", "secs": 0.1}) for _ in range(20)]
     second = daemons()
     assert second.wait(30) == exitcodes.WORKER_ID_IN_USE
-    (line,) = [e for e in json_lines(second) if e.get("level") == "error"]
+    (line,) = [e for e in second.records() if e.get("level") == "error"]
     meta = row["metadata"]
     assert f"pid {first.proc.pid}" in line["msg"] and meta["instance_id"] in line["msg"]
     assert meta["host"] in line["msg"] and meta["started_at"] in line["msg"]

@@ -18,6 +18,7 @@ import requests
 import yaml
 from conftest import ROOT
 from kubernetes_validate.utils import latest_version
+from test_deploy import env_of, flag
 
 from supervisor import exitcodes
 from supervisor.config import build_parser
@@ -48,15 +49,6 @@ def container_of(workload: dict) -> dict:
     return c
 
 
-def env_of(c: dict) -> dict:
-    return {e["name"]: e for e in c.get("env", [])}
-
-
-def flag(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name:
-            return args[i + 1]
-    return None
 
 
 def drain_budget() -> float:
