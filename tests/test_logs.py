@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.ops.logs import log_event, setup_logging
 
-KEY = "sp_live_Zx9QwErTy0123456789"
+KEY = "sp_test_Zx9QwErTy0123456789"  # a made-up key
 
 
 class Carrier:
