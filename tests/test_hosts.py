@@ -21,7 +21,7 @@ import yaml
 from conftest import PY, ROOT, Daemon, DevServer, parse_ts, wait_for_status, wait_until
 
 from supervisor import exitcodes
-from supervisor.parent.childproc import Child, kill_group, signal_child
+from supervisor.parent.childproc import Child, group_besides_child, kill_group, signal_child
 
 HANDLER = "tests.handlers_hosts:handle"
 DONE = ("completed", "failed", "deadletter")
@@ -209,6 +209,26 @@ def test_kill_group_stops_and_logs_what_a_finished_childs_group_left(marker, cap
     (record,) = [r for r in caplog.records if r.getMessage() == msg]
     assert sorted(p.split(" ", 1)[1] for p in record.fields["processes"]) == ["sleep: sleep 300", "sleep: sleep 301"]
     assert kill_group(fake_child(leader.pid)) == []  # nothing left: nothing done
+
+
+@pytest.mark.timeout(30)
+def test_the_keeper_is_known_by_the_pid_the_child_reported_before_its_title_is_set(marker):
+    """A keeper forks before it sets its title: until then only its pid tells it from a handler's process."""
+    env = dict(os.environ, HOSTS_TEST_MARKER=marker)
+    leader = subprocess.Popen(["sh", "-c", "sleep 300 & sleep 301 & wait"], env=env, start_new_session=True)
+    try:
+        procs = wait_until(lambda: (lambda m: m if sorted(map(comm, m)).count("sleep") == 2 else None)(marked(marker)),
+                           timeout=5, what="sh and its two sleeps")
+        sleeps = [pid for pid in procs if comm(pid) == "sleep"]
+        child = fake_child(leader.pid)
+        stand_in = max(sleeps)  # plays the untitled keeper
+        child.keeper_pid = stand_in
+        listed = [int(text.split()[0]) for text in group_besides_child(child)]
+        assert stand_in not in listed and sorted(listed) == sorted(p for p in sleeps if p != stand_in)
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait(5)
+    wait_until(lambda: not marked(marker), timeout=5, what="the test's processes to be gone")
 
 
 SUBREAPER_SCRIPT = r"""

@@ -81,13 +81,13 @@ def _keep(child_pid: int, slot: int, grace: float) -> None:
     """The keeper's whole life: wait for the child to die, then empty the group."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(sig, signal.SIG_IGN)
-    os.closerange(3, _fd_limit())  # never hold the child's socket or anything else open
     try:
         import setproctitle
 
         setproctitle.setproctitle(f"{KEEPER_TITLE} {slot}")
     except Exception:  # cosmetic
         pass
+    _close_inherited_fds()  # never hold the child's socket or anything else open
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGUSR2)
     except OSError:
@@ -96,6 +96,22 @@ def _keep(child_pid: int, slot: int, grace: float) -> None:
         signal.sigwait({signal.SIGUSR2})
     if os.getpgid(0) == child_pid:
         empty_group(child_pid, grace, exclude=frozenset({os.getpid()}))
+
+
+def _close_inherited_fds() -> None:
+    """Close every descriptor above stderr: those listed in /proc/self/fd (a closerange up to a limit of a
+    million descriptors takes a second where close_range(2) is missing), else up to the limit."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(3, _fd_limit())
+        return
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, already closed
 
 
 def _fd_limit() -> int:

@@ -149,8 +149,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the handler is imported: die at once
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
-    if leader:
-        group.start_keeper(slot, group_grace)
+    keeper = group.start_keeper(slot, group_grace) if leader else None
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
@@ -163,7 +162,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
             os._exit(BOOT_ERROR_EXIT)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        serve(sock, handler, title, worker_id, max_result_bytes)
+        serve(sock, handler, title, worker_id, max_result_bytes, keeper)
     except JobStopped:
         _die_of_sigterm()
     sys.stdout.flush()
@@ -171,9 +170,10 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     os._exit(0)
 
 
-def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_bytes: int) -> None:
-    """Say `ready`, then run each job the parent sends until it says `stop` or goes away."""
-    wire.write_frame(sock, {"t": "ready", "pid": os.getpid()})
+def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_bytes: int,
+          keeper: int | None = None) -> None:
+    """Say `ready` (with the keeper's pid), then run each job the parent sends until it says `stop` or goes away."""
+    wire.write_frame(sock, {"t": "ready", "pid": os.getpid(), "keeper": keeper})
     set_title(f"{title} idle")
     while True:
         try:

@@ -10,7 +10,7 @@ Child side: `read_frame` / `write_frame` block, which is what a child wants.
 
 Messages (`t` is the type):
   parent -> child: {"t": "job", "job": {...claimed job...}}, {"t": "stop"}
-  child -> parent: {"t": "ready", "pid"}, {"t": "boot_error", "error"},
+  child -> parent: {"t": "ready", "pid", "keeper"}, {"t": "boot_error", "error"},
                    {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"}
 """
 

@@ -61,6 +61,7 @@ class Child:
     started_at: float
     job_quota: int = 0  # replace after this many jobs; 0 = no limit
     pid: int | None = None
+    keeper_pid: int | None = None  # the keeper of its process group, as the child reported when ready
     state: ChildState = ChildState.STARTING
     job_id: str | None = None  # the job it runs now
     jobs_done: int = 0
@@ -74,7 +75,8 @@ class Child:
     _ps: psutil.Process | None = field(default=None, repr=False)
 
     # -- state changes --
-    def became_ready(self) -> None:
+    def became_ready(self, keeper_pid: int | None = None) -> None:
+        self.keeper_pid = keeper_pid
         if self.state is ChildState.STARTING:
             self.state = ChildState.IDLE
 
@@ -236,8 +238,7 @@ def group_besides_child(child: Child) -> list[str]:
     """The processes in the child's group other than the child and its keeper, described for a log line."""
     if not child.pid or not leads_group(child.pid):
         return []
-    described = [describe_pid(pid) for pid in group_members(child.pid, exclude=frozenset({child.pid}))]
-    return [d for d in described if KEEPER_TITLE not in d]
+    return list(_split_keeper(child, group_members(child.pid, exclude=frozenset({child.pid})))[1])
 
 
 def log_group_members(child: Child, reason: str) -> None:
@@ -260,9 +261,7 @@ def kill_group(child: Child) -> list[int]:
     left = group_members(child.pid, exclude=frozenset({child.pid}))
     if not left:
         return []
-    described = [describe_pid(pid) for pid in left]
-    keeper = [d for d in described if KEEPER_TITLE in d]
-    others = [d for d in described if KEEPER_TITLE not in d]
+    keeper, others = _split_keeper(child, left)
     if others:
         log_event(log, WARNING, "stopping processes left in a finished child's process group", slot=child.slot,
                   child_pid=child.pid, processes=others, by="keeper" if keeper else "parent")
@@ -272,6 +271,17 @@ def kill_group(child: Child) -> list[int]:
         except OSError:
             pass
     return left
+
+
+def _split_keeper(child: Child, pids: list[int]) -> tuple[list[str], list[str]]:
+    """Describe `pids` of the child's group as (its keeper, the others). The keeper is known by the pid
+    the child reported (its title is set a moment after it forks), or by its title."""
+    keeper: list[str] = []
+    others: list[str] = []
+    for pid in pids:
+        text = describe_pid(pid)
+        (keeper if pid == child.keeper_pid or KEEPER_TITLE in text else others).append(text)
+    return keeper, others
 
 
 def describe_pid(pid: int) -> str:

@@ -161,7 +161,8 @@ class ChildPool:
         for msg in messages:
             frame = msg.get("t")
             if frame == "ready":
-                facts.append(self._ready(child))
+                keeper = msg.get("keeper")
+                facts.append(self._ready(child, keeper if isinstance(keeper, int) else None))
             elif frame == "done":
                 facts.append(self._done(child, msg))
             elif frame == "boot_error":
@@ -228,8 +229,8 @@ class ChildPool:
             self._forget(child)
 
     # ------------------------------------------------------------ inside
-    def _ready(self, child: Child) -> ChildReady:
-        child.became_ready()
+    def _ready(self, child: Child, keeper_pid: int | None = None) -> ChildReady:
+        child.became_ready(keeper_pid)
         self.boot_failures.pop(child.slot, None)
         self.changed = True
         first, self.any_ready = not self.any_ready, True
