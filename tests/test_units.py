@@ -60,6 +60,22 @@ def test_inflight_schedule_renewals_and_timeouts():
     assert table.pop("a") is entry and len(table) == 0
 
 
+def test_inflight_waiting_follows_every_change_of_an_entry():
+    """The table keeps its reserved jobs apart (not rescanned each turn): each way out of waiting is seen."""
+    table = InFlight(lease_secs=30)
+    a, b, c = (table.add({"id": i, "lease_id": f"L-{i}"}, now=0.0) for i in "abc")
+    assert table.waiting() == [a, b, c] and table.waiting_count() == 3
+    table.start(a, slot=0, pid=1, now=1.0)  # given to a child
+    table.finish(b, Outcome(False, "lease lost", "lease_lost"), now=1.0)  # dropped before it started
+    assert table.waiting() == [c]
+    a2 = table.add({"id": "a", "lease_id": "L-a2"}, now=2.0)  # re-issued under a new lease while a runs
+    assert table.waiting() == [c, a2]
+    table.finish(a, Outcome(True, None, "completed"), now=3.0)  # the old copy ending leaves the new one waiting
+    assert table.waiting() == [c, a2]
+    table.replace_outcome(c, Outcome(False, "stopped", "lease_lost"))
+    assert table.pop("a") is a2 and table.waiting() == [] and table.waiting_count() == 0
+
+
 def test_config_defaults_and_one_line_errors(monkeypatch):
     cfg = load_config(["--queue", "q", "--handler", "m:f"], ENV)
     assert cfg.lease == 30 and cfg.drain_timeout == 25.0 and cfg.procs >= 1

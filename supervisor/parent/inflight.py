@@ -62,6 +62,7 @@ class InFlight:
         self.lease_secs = lease_secs
         self.renew_every = max(1.0, lease_secs / 3.0)
         self.jobs: dict[str, Entry] = {}
+        self._waiting: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -69,7 +70,7 @@ class InFlight:
     # -- entering and leaving --
     def add(self, job: dict, now: float) -> Entry:
         entry = Entry(job=job, claimed_at=now, lease_until=now + self.lease_secs, renew_at=now + self.renew_every)
-        self.jobs[job["id"]] = entry
+        self.jobs[job["id"]] = self._waiting[job["id"]] = entry
         return entry
 
     def get(self, job_id: str | None) -> Entry | None:
@@ -80,10 +81,16 @@ class InFlight:
         return self.jobs.get(entry.id) is entry
 
     def pop(self, job_id: str) -> Entry | None:
+        self._waiting.pop(job_id, None)
         return self.jobs.pop(job_id, None)
+
+    def _not_waiting(self, entry: Entry) -> None:
+        if self._waiting.get(entry.id) is entry:
+            del self._waiting[entry.id]
 
     # -- the job's life --
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
+        self._not_waiting(entry)
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
@@ -91,11 +98,13 @@ class InFlight:
     def finish(self, entry: Entry, outcome: Outcome, now: float) -> None:
         """The child is done with it (or was stopped): record how and for how long; what is left is
         telling the API."""
+        self._not_waiting(entry)
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
         if entry.started_at is not None:
             entry.duration = now - entry.started_at
 
     def replace_outcome(self, entry: Entry, outcome: Outcome) -> None:
+        self._not_waiting(entry)
         entry.outcome = outcome
 
     # -- reports --
@@ -125,7 +134,10 @@ class InFlight:
     # -- queries --
     def waiting(self) -> list[Entry]:
         """Claimed jobs not yet handed to a child, oldest first."""
-        return [e for e in self.jobs.values() if e.slot is None and e.outcome is None]
+        return list(self._waiting.values())
+
+    def waiting_count(self) -> int:
+        return len(self._waiting)
 
     def renewals_due(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if not e.renewing and e.renew_at <= now]
@@ -140,7 +152,10 @@ class InFlight:
         return None
 
     def next_deadline(self) -> float | None:
-        times = [e.renew_at for e in self.jobs.values() if not e.renewing]
-        times += [e.timeout_at for e in self.jobs.values() if e.timeout_at is not None and e.outcome is None]
-        times += [e.report_due_at for e in self.jobs.values() if e.report_due_at is not None]
-        return min(times) if times else None
+        soonest = None
+        for e in self.jobs.values():
+            for t in (None if e.renewing else e.renew_at, e.timeout_at if e.outcome is None else None,
+                      e.report_due_at):
+                if t is not None and (soonest is None or t < soonest):
+                    soonest = t
+        return soonest

@@ -87,7 +87,7 @@ class JobFlow:
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
             soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
-            if idle > len(self.inflight.waiting()) or (self.cfg.prefetch != 0 and self._claim_size(now, idle) > 0):
+            if idle > self.inflight.waiting_count() or (self.cfg.prefetch != 0 and self._claim_size(now, idle) > 0):
                 times.append(soonest)  # a child is idle, or a busy one is inside the horizon already
             elif self.cfg.prefetch != 0:
                 need_at = next_need_at(now, self._busy_remaining(now), self.claim_rtt.value)
@@ -124,7 +124,7 @@ class JobFlow:
 
     def reserved(self) -> int:
         """Jobs claimed and not yet started: the reserve."""
-        return len(self.inflight.waiting())
+        return self.inflight.waiting_count()
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
@@ -188,7 +188,7 @@ class JobFlow:
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
 
     def _claim_size(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> int:
-        return claim_size(Need(idle=idle, waiting=len(self.inflight.waiting()), remaining=self._busy_remaining(now),
+        return claim_size(Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
                                procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
                                prefetch=self.cfg.prefetch, rate=rate))
 
