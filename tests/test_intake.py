@@ -16,7 +16,7 @@ from flow_sim import Sim, make_cfg
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import JobDone
-from supervisor.parent.intake import MAX_CLAIM, Ewma, Need, claim_size, horizon, next_need_at, starts_within
+from supervisor.parent.intake import MAX_CLAIM, MIN_BATCH_WINDOW, Ewma, Need, claim_size, horizon, next_need_at, starts_within
 from supervisor.parent.jobs import JobFlow
 
 RTT = 0.02
@@ -95,6 +95,17 @@ def test_short_jobs_count_every_start_in_the_horizon_and_add_one_horizon_more():
     assert starts_within(H, n) == 20
     assert claim_size(n) == 20 + math.floor(400 * H)
     assert claim_size(need(idle=1, run_time=0.0001)) == MAX_CLAIM  # never above the API's limit
+
+
+def test_on_loopback_a_claim_carries_at_least_a_minimum_window_of_starts_but_long_jobs_still_none():
+    """A 1 ms round trip: 20 ms jobs on 2 children would cost a claim each; the batch covers 20 ms of
+    starts instead. Jobs longer than children x that window still reserve nothing."""
+    fast = dict(procs=2, rtt=0.001, remaining=(0.0, 0.01))
+    h = horizon(0.001)
+    assert h < MIN_BATCH_WINDOW
+    assert claim_size(need(run_time=0.02, **fast)) == 1 + math.floor(2 / 0.02 * MIN_BATCH_WINDOW)  # 1 + 2
+    assert claim_size(need(run_time=0.05, **fast)) == 1  # 40 starts/s x 20 ms < 1: the child due now only
+    assert claim_size(need(run_time=2.0, procs=2, rtt=0.001, remaining=(1.0, 1.5))) == 0
 
 
 def test_waiting_jobs_count_against_the_need():

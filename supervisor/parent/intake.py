@@ -17,6 +17,8 @@ HORIZON_RTTS = 2.0  # claim for children that will be free within this many roun
 HORIZON_SLACK = 0.005  # seconds added to the horizon: the loop turn, the frame to the child
 CLAIM_SHARE = 0.1  # under a known request rate, claims may use this share of it
 SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
+MIN_BATCH_WINDOW = 0.02  # seconds: a claim carries at least this long's starts, so short jobs do not
+# cost a claim each (a claim request costs the API and both processes more CPU than a job's complete)
 
 
 class Ewma:
@@ -72,7 +74,7 @@ def claim_size(n: Need) -> int:
     if n.waiting >= need:
         return 0
     starts = n.procs / max(n.run_time, 1e-4)  # jobs started per second with every child busy
-    window = h  # the batch: one more horizon of starts (none for jobs longer than the horizon)...
+    window = max(h, MIN_BATCH_WINDOW)  # the batch: one more horizon of starts (none for long jobs)...
     if n.rate:  # ...or, under a request budget, the gap between the claims it can afford
         starts = min(starts, SETTLE_SHARE * n.rate)
         window = max(window, 1.0 / (CLAIM_SHARE * n.rate))
