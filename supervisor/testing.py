@@ -85,11 +85,12 @@ class FinishedJob:
                    max_retries=record.get("max_retries", 0), record=record)
 
 
-class _OutputPump:
-    """Keeps the last lines a subprocess writes, read on a thread so the pipe never fills."""
+class OutputPump:
+    """The lines a subprocess writes, read on a thread so the pipe never fills: the last `keep` of them
+    (every one when `keep` is None). Shared with the project's own test fixtures."""
 
-    def __init__(self, stream):
-        self.lines: collections.deque[str] = collections.deque(maxlen=_OUTPUT_LINES)
+    def __init__(self, stream, keep: int | None = _OUTPUT_LINES):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True, name="spooled-output")
         self._thread.start()
@@ -101,7 +102,7 @@ class _OutputPump:
                 self._changed.notify_all()
         stream.close()
 
-    def wait_for(self, pattern: str, timeout: float, alive: Callable[[], bool]) -> re.Match | None:
+    def search(self, pattern: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> re.Match | None:
         """The first kept line matching `pattern`, waiting up to `timeout` s while `alive()`; else None."""
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
@@ -119,6 +120,14 @@ class _OutputPump:
     def tail(self, n: int = 60) -> str:
         with self._changed:
             return "\n".join(list(self.lines)[-n:])
+
+    def text(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Once the process has exited: wait until every line it wrote has been read."""
+        self._thread.join(timeout)
 
 
 def _child_env(**extra: str) -> dict[str, str]:
@@ -166,7 +175,7 @@ class DevServer:
         self.extra_args = list(extra_args)
         self.url = ""
         self.proc: subprocess.Popen | None = None
-        self._out: _OutputPump | None = None
+        self._out: OutputPump | None = None
         self._http = requests.Session()
         self._http.headers.update({"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"})
 
@@ -183,9 +192,9 @@ class DevServer:
         proc = self.proc = subprocess.Popen(cmd, env=_child_env(SPOOLED_API_KEY=self.api_key),
                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True)
-        self._out = _OutputPump(proc.stdout)
+        self._out = OutputPump(proc.stdout)
         try:
-            found = self._out.wait_for(r"listening on (http://\S+)", timeout, lambda: proc.poll() is None)
+            found = self._out.search(r"listening on (http://\S+)", timeout, lambda: proc.poll() is None)
             if found is None:
                 raise SpooledTestError("the dev server did not start:\n" + self._out.tail())
             self.url = found.group(1)
@@ -337,7 +346,7 @@ class DaemonProcess:
                      "--procs", str(procs), "--api-url", server.url, "--worker-id", self.worker_id,
                      "--log-format", "json", *args]
         self.proc: subprocess.Popen | None = None
-        self._out: _OutputPump | None = None
+        self._out: OutputPump | None = None
 
     def __enter__(self) -> DaemonProcess:
         return self.start()
@@ -350,7 +359,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(self.argv, env=_child_env(SPOOLED_API_KEY=self.server.api_key),
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
-        self._out = _OutputPump(self.proc.stdout)
+        self._out = OutputPump(self.proc.stdout)
         return self
 
     def check_running(self) -> None:

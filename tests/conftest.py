@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import requests
+
+from supervisor import testing
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -124,44 +125,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class OutputPump:
-    """Reads a subprocess's stream on a thread so it never blocks on a full pipe; keeps every line."""
+class OutputPump(testing.OutputPump):
+    """The plugin's pump keeping every line, and a `wait_for` that fails the test with the output's tail."""
 
     def __init__(self, stream):
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _run(self, stream):
-        for raw in iter(stream.readline, ""):
-            with self._cond:
-                self.lines.append(raw.rstrip("\n"))
-                self._cond.notify_all()
-        stream.close()
-
-    def text(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
-
-    def drain(self, timeout: float = 10.0) -> None:
-        """Once the process has exited: wait until every line it wrote has been read."""
-        self._thread.join(timeout)
+        super().__init__(stream, keep=None)
 
     def wait_for(self, pattern: str, timeout: float = 15.0) -> re.Match:
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for line in self.lines:
-                    m = rx.search(line)
-                    if m:
-                        return m
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    tail = "\n".join(self.lines[-50:])
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{tail}")
-                self._cond.wait(left)
+        found = self.search(pattern, timeout)
+        if found is None:
+            raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{self.tail(50)}")
+        return found
 
 
 class DevServer:

@@ -16,7 +16,16 @@ from flow_sim import Sim, make_cfg
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import JobDone
-from supervisor.parent.intake import MAX_CLAIM, MIN_BATCH_WINDOW, Ewma, Need, claim_size, horizon, next_need_at, starts_within
+from supervisor.parent.intake import (
+    MAX_CLAIM,
+    MIN_BATCH_WINDOW,
+    Ewma,
+    Need,
+    claim_size,
+    horizon,
+    next_need_at,
+    starts_within,
+)
 from supervisor.parent.jobs import JobFlow
 
 RTT = 0.02
