@@ -67,6 +67,13 @@ def comm(pid: int) -> str:
         return ""
 
 
+def sleeps_settled(marker: str, count: int) -> dict[int, tuple[str, int, int]] | None:
+    """The marked processes once they are exactly `count` sleeps (a forked sh that has not exec'd its sleep
+    yet, or has not exited after forking it, carries the marker too); else None."""
+    found = marked(marker)
+    return found if len(found) == count and all(comm(pid) == "sleep" for pid in found) else None
+
+
 def zombie_children(pid: int) -> list[int]:
     out = []
     for name in os.listdir("/proc"):
@@ -99,8 +106,7 @@ def test_a_timed_out_job_leaves_no_process_behind(dev_server, daemon_factory, ma
     d = hosts_daemon(daemon_factory)
     job = dev_server.enqueue("hosts", {"do": "hang", "marker": marker}, max_retries=0, timeout_seconds=2)
     child = d.busy_child(job)
-    procs = wait_until(lambda: (lambda m: m if len(m) >= 2 else None)(marked(marker)), timeout=10,
-                       what="the plain and the double-forked sleep")
+    procs = wait_until(lambda: sleeps_settled(marker, 2), timeout=10, what="the plain and the double-forked sleep")
     assert stat_of(child)[2] == child != os.getpgid(d.proc.pid)  # the child leads its own group
     assert all(pgid == child for _, _, pgid in procs.values())  # both sleeps are in it
     assert any(ppid == d.proc.pid for _, ppid, _ in procs.values())  # the double-forked one: adopted by us
@@ -136,7 +142,7 @@ def test_a_process_that_escapes_the_group_is_adopted_and_killed_at_shutdown(dev_
     job = dev_server.enqueue("hosts", {"do": "hang", "marker": marker, "escape": True}, max_retries=0,
                              timeout_seconds=2)
     child = d.busy_child(job)
-    wait_until(lambda: len(marked(marker)) >= 3, timeout=10, what="three sleeps")
+    wait_until(lambda: sleeps_settled(marker, 3), timeout=10, what="three sleeps")
     wait_for_status(dev_server, [job], DONE, timeout=15)
     # The two in the child's group are gone; the one in its own session is still there, adopted by the daemon.
     left = wait_until(lambda: (lambda m: m if len(m) == 1 else None)(marked(marker)), timeout=10,
@@ -155,7 +161,7 @@ def test_sigterm_mid_job_leaves_no_process_behind(dev_server, daemon_factory, ma
     d = hosts_daemon(daemon_factory, args=["--drain-timeout", "1"])
     job = dev_server.enqueue("hosts", {"do": "hang", "marker": marker, "escape": True}, timeout_seconds=120)
     d.busy_child(job)
-    wait_until(lambda: len(marked(marker)) >= 3, timeout=10, what="three sleeps")
+    wait_until(lambda: sleeps_settled(marker, 3), timeout=10, what="three sleeps")
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 0
     wait_until(lambda: not marked(marker), timeout=5, what="every sleep to be gone after the daemon exited")
@@ -169,7 +175,7 @@ def test_sigkill_mid_job_leaves_nothing_in_the_childs_group(dev_server, daemon_f
     d = hosts_daemon(daemon_factory)
     job = dev_server.enqueue("hosts", {"do": "hang", "marker": marker}, timeout_seconds=120)
     child = d.busy_child(job)
-    wait_until(lambda: len(marked(marker)) >= 2, timeout=10, what="two sleeps")
+    wait_until(lambda: sleeps_settled(marker, 2), timeout=10, what="two sleeps")
     os.kill(d.proc.pid, signal.SIGKILL)
     assert d.wait(5) == -signal.SIGKILL
     wait_until(lambda: not marked(marker) and stat_of(child) is None, timeout=10,
