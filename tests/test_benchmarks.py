@@ -39,7 +39,8 @@ def test_benchmark_script_tiny_run(tmp_path):
         assert s["completed"] == s["jobs"] > 0 and s["sdk_jobs_per_s"] > 0 and s["ratio"] > 0
     o = r["overhead"]
     assert o["completed"] == o["noop_jobs"] == 100
-    assert o["noop_jobs_per_s"] > 0 and o["parent_cpu_us_per_job"] > 0 and o["server_cpu_us_per_job"] >= 0
+    # 100 jobs are ~20 ms of parent CPU, two ticks of the CPU clock: with idle subtracted a loaded run can read 0.
+    assert o["noop_jobs_per_s"] > 0 and o["parent_cpu_us_per_job"] >= 0 and o["server_cpu_us_per_job"] >= 0
     la = r["latency"]
     assert la["samples"] == 3
     assert 0 <= la["claim_to_start_ms"]["p50"] <= la["enqueue_to_start_ms"]["p99"] + 1e-6 < 30_000
