@@ -1,4 +1,4 @@
-"""A tiny run of benchmarks/run.py, so the benchmark script keeps working (< 30 s).
+"""Tiny runs of the benchmark scripts (run.py, bench_api.py, cores.py), so they keep working.
 
 Checks that the JSON has every section with sane values; the figures themselves are not
 asserted (this machine is shared and a test is no benchmark).
@@ -72,3 +72,21 @@ def test_api_benchmark_tiny_run(tmp_path):
     f = r["fleet"]
     assert f["completed"] == f["jobs"] == 4 and f["makespan_over_ideal"] > 0 and sum(f["split"].values()) == 4
     assert "API latency" in proc.stdout and "Request budget" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_cores_benchmark_tiny_run(tmp_path):
+    """benchmarks/cores.py: one row at loopback, one with 20 ms of API latency; the shares add up."""
+    out = tmp_path / "cores.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cores.py"), "--ms", "20", "--delays", "0,20",
+           "--seconds", "0.3", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["api_delay_ms"], r["job_ms"]) for r in rows] == [(0, 20.0), (20, 20.0)]
+    for r in rows:
+        assert r["jobs"] == r["completes"] >= 4 and r["claims"] >= 1 and 0 < r["efficiency"] <= 1.5
+        assert r["children_us_per_job"] >= 20_000 * 0.9  # each job burns 20 ms of the child's CPU
+        assert r["children_cores"] + r["parent_cores"] + r["server_cores"] <= r["machine_busy_cores"] + 0.2
+    assert "children" in proc.stdout.splitlines()[1]
