@@ -192,8 +192,11 @@ def test_429_honours_retry_after(tmp_path):
         assert limited, "the daemon never hit the rate limit"
         claims = [e for e in daemon_calls if e["path"] == "/api/v1/jobs/claim"]
         for refusal in limited:
-            after = [c["received"] - refusal["t"] for c in claims if c["received"] > refusal["t"]]
-            assert not after or min(after) >= 0.98, (refusal, after[:3])
+            after = sorted(c["received"] - refusal["t"] for c in claims if c["received"] > refusal["t"])
+            # Calls overlap, and one claim at most is out at a time: that one may have left before the 429
+            # reached the daemon and arrive just after it (6 ms seen beside a CPU hog). Any other waits.
+            early = [a for a in after if a < 0.98]
+            assert len(early) <= 1 and all(a < 0.5 for a in early), (refusal, after[:3])
         assert d.proc.poll() is None
     finally:
         d.stop()
