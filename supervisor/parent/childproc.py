@@ -238,7 +238,7 @@ def group_besides_child(child: Child) -> list[str]:
     """The processes in the child's group other than the child and its keeper, described for a log line."""
     if not child.pid or not leads_group(child.pid):
         return []
-    return list(_split_keeper(child, group_members(child.pid, exclude=frozenset({child.pid})))[1])
+    return _split_keeper(child, group_members(child.pid, exclude=frozenset({child.pid})))[1]
 
 
 def log_group_members(child: Child, reason: str) -> None:

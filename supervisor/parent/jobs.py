@@ -115,11 +115,10 @@ class JobFlow:
         """Per queue, in priority order: jobs held (`inflight`), of them not yet started (`reserved`), and
         whether its last claim came back short (`empty`) — for /status."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
-        for e in list(self.inflight.jobs.values()):
-            row = out.get(e.queue)
-            if row is not None:
-                row["inflight"] += 1
-                row["reserved"] += e.slot is None and e.outcome is None
+        for key, entries in (("inflight", self.inflight.jobs.values()), ("reserved", self.inflight.waiting())):
+            for e in entries:
+                if e.queue in out:
+                    out[e.queue][key] += 1
         return out
 
     def reserved(self) -> int:
