@@ -9,7 +9,10 @@ Sections, each run side by side in one go against dev servers on loopback:
            of d ms, --procs = cores. Rows: the daemon (claim-ahead, `--prefetch auto`), the daemon with
            `--prefetch 0` (claim only for idle children: the behaviour before claim-ahead), and the
            official SDK's SpooledWorker (concurrency = cores). Efficiency = jobs/s / (cores / d); p50/p99
-           of the time a job waits claimed-but-not-started (from the daemon's /status).
+           of the time a job waits claimed-but-not-started (from the daemon's /status). A row runs
+           `--seconds` of ideal work and at least `--min-jobs` (100) jobs per core, so a batch's fixed
+           costs (the first claim's round trip, the last report's, one child idle while the last job
+           ends) stay a small share of it: 100 ms jobs run 10 s, not 4.
            With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too;
            `--baseline PATH` adds a `baseline` row: the daemon of another checkout (e.g. a
            `git worktree` of the commit before claim-ahead), on the same dev server, in the same run.
@@ -168,7 +171,7 @@ def latency_section(args, tmp: str) -> list[dict]:
         server = DevServer(tmp, server_flags("--fault-delay-ms", str(delay)), name=f"lat{delay}").start()
         try:
             for ms in args.ms:
-                count = max(4 * CORES, int(args.seconds * CORES * 1000 / ms))
+                count = max(args.min_jobs * CORES, int(args.seconds * CORES * 1000 / ms))
                 ideal = CORES * 1000.0 / ms
                 for kind, extra in workers(server, args):
                     queue = f"lat-{delay}-{int(ms)}-{kind}"
@@ -282,6 +285,9 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--ms", default="5,20,100")
     ap.add_argument("--rates", default="5,25,100")
     ap.add_argument("--seconds", type=float, help="ideal seconds of work per latency row (default 4, quick 1.5)")
+    ap.add_argument("--min-jobs", type=int, help="jobs per core per latency row at least (default 100, quick 10): "
+                    "a batch's fixed costs (the first claim's round trip, before any run time is known; the last "
+                    "report's; one child idle while the other ends the last job) stay a small share of it")
     ap.add_argument("--budget-seconds", type=float, help="seconds of plan budget per budget row (default 20, quick 8)")
     ap.add_argument("--fleet-jobs", type=int, help="jobs in the fleet run (default 24, quick 12)")
     ap.add_argument("--noop-jobs", type=int, help="jobs per no-op row (default 3000, quick 600)")
@@ -296,6 +302,7 @@ def main_args(argv=None) -> argparse.Namespace:
     args.ms = [float(x) for x in args.ms.split(",")]
     args.rates = [int(x) for x in args.rates.split(",")]
     args.seconds = args.seconds or (1.5 if args.quick else 4.0)
+    args.min_jobs = args.min_jobs or (10 if args.quick else 100)
     args.budget_seconds = args.budget_seconds or (8.0 if args.quick else 20.0)
     args.fleet_jobs = args.fleet_jobs or (12 if args.quick else 24)
     args.noop_jobs = args.noop_jobs or (600 if args.quick else 3000)
