@@ -324,6 +324,16 @@ def test_sim_a_mispredicted_long_job_keeps_only_what_was_claimed_before_it_overr
     assert renewed == {"j5"} | behind and behind  # ...each renewed (5 s lease, renewed every 1.7 s)
 
 
+def test_enforce_before_the_tables_next_deadline_scans_nothing_and_sends_nothing(monkeypatch):
+    flow, submit = flow_with_estimates(procs=1, run=0.05, lease=30)  # r0 claimed at 10: renewal due at 20
+    scans: list[float] = []
+    monkeypatch.setattr(flow.inflight, "renewals_due", lambda now: scans.append(now) or [])
+    assert flow.enforce(19.9) == [] and scans == [] and submit.calls == []
+    monkeypatch.undo()
+    assert flow.enforce(20.0) == [] and [c.route for c, _, _ in submit.calls] == ["job_heartbeat"]
+    assert flow.inflight.next_deadline() is None  # the renewal is on the wire: nothing else is due
+
+
 def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take_it():
     flow, submit = flow_with_estimates(procs=1, run=0.05, lease=6)
     stale = flow.inflight.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # renewal due at 12

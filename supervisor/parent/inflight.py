@@ -3,10 +3,16 @@
 Pure bookkeeping on monotonic times; no I/O. A job enters when claimed and leaves when its
 outcome is acknowledged by the API, its lease is found lost, or the daemon gives it back.
 Only `InFlight`'s methods change an `Entry`.
+
+The table keeps a bound no deadline of any entry is earlier than (`next_deadline`): each method that
+sets a deadline lowers it, `rescan` makes it exact again. Before the bound nothing can be due, so the
+loop skips its scans of the table (`due`); with a reserve of a hundred jobs those scans, every turn,
+were a fifth of the parent's CPU.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +69,7 @@ class InFlight:
         self.renew_every = max(1.0, lease_secs / 3.0)
         self.jobs: dict[str, Entry] = {}
         self._waiting: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
+        self._bound = math.inf  # no deadline of any entry is earlier (see the module docstring)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -71,6 +78,7 @@ class InFlight:
     def add(self, job: dict, now: float) -> Entry:
         entry = Entry(job=job, claimed_at=now, lease_until=now + self.lease_secs, renew_at=now + self.renew_every)
         self.jobs[job["id"]] = self._waiting[job["id"]] = entry
+        self._lower(entry.renew_at)
         return entry
 
     def get(self, job_id: str | None) -> Entry | None:
@@ -94,6 +102,7 @@ class InFlight:
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
+        self._lower(entry.timeout_at)
 
     def finish(self, entry: Entry, outcome: Outcome, now: float) -> None:
         """The child is done with it (or was stopped): record how and for how long; what is left is
@@ -115,6 +124,7 @@ class InFlight:
     def report_answered(self, entry: Entry, retry_at: float | None = None) -> None:
         """The report's answer came (or it failed): send it again at `retry_at` if given."""
         entry.reporting, entry.report_due_at = False, retry_at
+        self._lower(retry_at)
 
     def reports_due(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if e.report_due_at is not None and e.report_due_at <= now]
@@ -127,9 +137,11 @@ class InFlight:
         entry.lease_until = sent_at + self.lease_secs
         entry.renew_at = sent_at + self.renew_every
         entry.renewing = False
+        self._lower(entry.renew_at)
 
     def renewal_failed(self, entry: Entry, retry_at: float) -> None:
         entry.renewing, entry.renew_at = False, retry_at
+        self._lower(self._renewal_deadline(entry))
 
     # -- queries --
     def waiting(self) -> list[Entry]:
@@ -151,11 +163,32 @@ class InFlight:
                 return e
         return None
 
+    # -- deadlines --
+    def _lower(self, t: float | None) -> None:
+        if t is not None and t < self._bound:
+            self._bound = t
+
+    def _renewal_deadline(self, e: Entry) -> float | None:
+        """The renewal, or for a waiting job its lease's end if sooner (a renewal retried past it): then
+        `enforce` drops the job. None while a renewal is on the wire."""
+        if e.renewing:
+            return None
+        return min(e.renew_at, e.lease_until) if self._waiting.get(e.id) is e else e.renew_at
+
     def next_deadline(self) -> float | None:
-        soonest = None
+        """When a deadline may next be due: never later than the earliest one (a renewal, a timeout, a
+        report to resend, a waiting job's lease), earlier only until the next `rescan`; None if none."""
+        return None if self._bound == math.inf else self._bound
+
+    def due(self, now: float) -> bool:
+        """Whether any deadline may be due at `now` (False: none is, the scans can be skipped)."""
+        return now >= self._bound
+
+    def rescan(self) -> None:
+        """Make the bound exact: one pass over the table."""
+        soonest = math.inf
         for e in self.jobs.values():
-            for t in (None if e.renewing else e.renew_at, e.timeout_at if e.outcome is None else None,
-                      e.report_due_at):
-                if t is not None and (soonest is None or t < soonest):
+            for t in (self._renewal_deadline(e), e.timeout_at if e.outcome is None else None, e.report_due_at):
+                if t is not None and t < soonest:
                     soonest = t
-        return soonest
+        self._bound = soonest

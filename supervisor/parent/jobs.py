@@ -324,7 +324,9 @@ class JobFlow:
     # ------------------------------------------------------------ deadlines and leases
     def enforce(self, now: float) -> list[Fact]:
         """Drop reserved jobs whose lease ran out, time out jobs past their timeout_seconds, resend due
-        reports, renew due leases."""
+        reports, renew due leases; nothing to scan for before the table's next deadline."""
+        if not self.inflight.due(now):
+            return []
         facts: list[Fact] = []
         for entry in self.inflight.waiting():
             if entry.lease_until <= now and not entry.renewing:
@@ -345,6 +347,7 @@ class JobFlow:
             self.inflight.begin_renewal(entry)
             call = self.api.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
             self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
+        self.inflight.rescan()
         return facts
 
     def on_renew(self, entry: Entry, sent_at: float, _result, error, now: float) -> list[Fact]:
