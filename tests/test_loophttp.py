@@ -163,3 +163,24 @@ def test_blocking_call_to_a_server_that_hangs_up_is_unavailable():
     with pytest.raises(api.Unavailable):
         spooled.deregister("w", timeout=1)
     srv.close()
+
+
+@pytest.mark.timeout(30)
+def test_calls_waiting_for_a_connection_time_out_at_their_own_deadline_and_the_scan_waits_for_the_first():
+    """In-process, no server: with no connection allowed, calls wait in the queue. The queue is scanned
+    only once the first deadline comes; each call fails at its own, with TIMEOUT 'no free connection'."""
+    spooled, client, _, _ = make_client("http://127.0.0.1:9", "k", timeout=5.0)
+    client.max_connections = 0
+    t0 = time.monotonic()
+    client.submit("a", spooled.complete_call("ja", "w", "La", None))
+    client.submit("b", spooled.complete_call("jb", "w", "Lb", None), first=True)  # ahead, but later
+    deadline_a = client.queue[1][2]
+    assert client.next_deadline() == deadline_a and deadline_a <= client.queue[0][2]
+    client.expire(t0 + 4.9)
+    assert client.done() == [] and len(client.queue) == 2
+    client.expire(deadline_a)
+    [(tag, result, error)] = client.done()
+    assert tag == "a" and result is None and error.code == "TIMEOUT" and "no free connection" in str(error)
+    assert [item[0] for item in client.queue] == ["b"] and client.next_deadline() == client.queue[0][2]
+    client.expire(client.queue[0][2])
+    assert [t for t, _, _ in client.done()] == ["b"] and not client.queue and client.next_deadline() is None

@@ -57,7 +57,8 @@ class LoopHTTP:
         self.sel = sel
         self.wake_fd = wake_fd
         self.max_connections = max_connections
-        self.queue: collections.deque = collections.deque()
+        self.queue: collections.deque = collections.deque()  # (tag, call, deadline) waiting for a connection
+        self._queue_bound = float("inf")  # no queued call's deadline is earlier (exact after each expiry scan)
         self.conns: list[_Conn] = []
         self.results: list[tuple] = []
         self.fixed_headers = header_block(api.host if api.port in (80, 443) else f"{api.host}:{api.port}", api.headers)
@@ -75,6 +76,7 @@ class LoopHTTP:
         """Queue a call (`first` puts it ahead of the others) and send it now if a connection is free."""
         now = time.monotonic()
         item = (tag, call, now + self.api.timeout)
+        self._queue_bound = min(self._queue_bound, item[2])
         if first:
             self.queue.appendleft(item)
         else:
@@ -87,7 +89,8 @@ class LoopHTTP:
 
     def next_deadline(self) -> float | None:
         times = [c.deadline for c in self.conns if c.call is not None]
-        times += [item[2] for item in self.queue]
+        if self.queue:
+            times.append(self._queue_bound)  # never later than the first queued call's deadline
         return min(times) if times else None
 
     def expire(self, now: float) -> None:
@@ -96,11 +99,13 @@ class LoopHTTP:
             if conn.call is not None and now >= conn.deadline:
                 self._fail(conn, Unavailable(0, "TIMEOUT",
                                              f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
-        for item in [i for i in self.queue if now >= i[2]]:
-            self.queue.remove(item)
-            reason = (f"cannot resolve {self.api.host}: {self.resolve_error}" if self.resolve_error
-                      else "no free connection")
-            self._result(item[0], item[1], now - self.api.timeout, error=Unavailable(0, "TIMEOUT", reason))
+        if now >= self._queue_bound:  # else no queued call can be due: skip the scan of the queue
+            for item in [i for i in self.queue if now >= i[2]]:
+                self.queue.remove(item)
+                reason = (f"cannot resolve {self.api.host}: {self.resolve_error}" if self.resolve_error
+                          else "no free connection")
+                self._result(item[0], item[1], now - self.api.timeout, error=Unavailable(0, "TIMEOUT", reason))
+            self._queue_bound = min((i[2] for i in self.queue), default=float("inf"))
         self.pump(now)
 
     def close(self) -> None:
