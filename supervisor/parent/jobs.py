@@ -113,9 +113,10 @@ class JobFlow:
 
     def by_queue(self) -> dict[str, dict]:
         """Per queue, in priority order: jobs held (`inflight`), of them not yet started (`reserved`), and
-        whether its last claim came back short (`empty`) — for /status."""
+        whether its last claim came back short (`empty`) — for /status, read on the health server's thread, so
+        it iterates copies of the tables the loop changes."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
-        for key, entries in (("inflight", self.inflight.jobs.values()), ("reserved", self.inflight.waiting())):
+        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting())):
             for e in entries:
                 if e.queue in out:
                     out[e.queue][key] += 1
