@@ -101,9 +101,10 @@ def test_repeated_errors_in_the_main_loop_exit_1(dev_server):
     """A bug that fails every turn (here: the per-turn telemetry hook raising) is logged and retried for a
     hundred turns, then the daemon exits 1 (so systemd restarts it) and takes its children with it."""
     d = Daemon(dev_server, "q-bug", procs=1, worker_id="w-bug")
-    code = ("import sys; import supervisor.ops.hooks as h\n"
+    code = ("import sys; import supervisor.ops.hooks as h; import supervisor.parent.arbiter as a\n"
             "def tick(self, now):\n    raise RuntimeError('injected bug in tick')\n"
             "h.DaemonHooks.tick = tick\n"
+            "a.LOOP_ERROR_PAUSE = 0.01\n"  # the hundred turns in 1 s, not 10
             "from supervisor.cli import main\nsys.exit(main(sys.argv[1:]))")
     d.cmd[1:3] = ["-c", code]  # the same command line, run through a patched entry point
     d.start()

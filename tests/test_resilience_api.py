@@ -86,9 +86,9 @@ def test_results_finished_during_an_outage_are_delivered_when_the_api_returns(se
 
 @pytest.mark.timeout(120)
 def test_a_slow_api_never_stalls_the_loop(server):
-    # Every API call hangs 30 s and the daemon waits 10 s for each: a loop that waited on the network would
-    # notice a death or a signal 10 s late; seconds of slack still tell the two apart.
-    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "10", "--drain-timeout", "60"]).start()
+    # Every API call hangs 30 s and the daemon waits 7 s for each: a loop that waited on the network would
+    # notice a death or a signal 7 s late; the 5 s of slack below still tell the two apart.
+    d = Daemon(server, "slow", procs=2, args=["--api-timeout", "7", "--drain-timeout", "60"]).start()
     try:
         d.wait_ready()
         job_id = server.enqueue("slow", {"do": "sleep", "secs": 60}, max_retries=0)

@@ -55,6 +55,7 @@ TITLE_EVERY = 0.2
 DEREGISTER_TIMEOUT = 5.0
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
+LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn does not spin a core
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
@@ -123,7 +124,7 @@ class Arbiter:
                     self.loop_errors += 1
                     if self.loop_errors > MAX_LOOP_ERRORS:
                         raise
-                    time.sleep(0.1)
+                    time.sleep(LOOP_ERROR_PAUSE)
         finally:
             self.pool.shutdown()
             signal.set_wakeup_fd(-1)
