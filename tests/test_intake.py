@@ -98,23 +98,24 @@ def test_several_children_finishing_within_the_horizon_are_claimed_for_in_one_cl
 
 
 def test_short_jobs_count_every_start_in_the_horizon_and_add_one_horizon_more():
-    # 10 ms jobs: an idle child starts 1 + 4 jobs in 45 ms; the batch adds 4 children x 100/s x 50 ms
-    # (one more horizon, or the minimum window when that is longer)
+    # 10 ms jobs: an idle child starts 1 + 4 jobs in 45 ms; the batch adds 4 children x 100/s x 100 ms
+    # (one more horizon, or the minimum window when that is longer: 100 ms here)
     assert starts_within(H, need(idle=1, run_time=0.01)) == 5
     n = need(idle=1, remaining=(0.0, 0.0, 0.0), run_time=0.01)
     assert starts_within(H, n) == 20
-    assert claim_size(n) == 20 + math.floor(400 * max(H, MIN_BATCH_WINDOW)) == 40
+    assert claim_size(n) == 20 + math.floor(400 * max(H, MIN_BATCH_WINDOW)) == 60
     assert claim_size(need(idle=1, run_time=0.0001)) == MAX_CLAIM  # never above the API's limit
 
 
 def test_on_loopback_a_claim_carries_at_least_a_minimum_window_of_starts_but_long_jobs_still_none():
-    """A 1 ms round trip: 20 ms jobs on 2 children would cost a claim each; the batch covers 50 ms of
+    """A 1 ms round trip: 20 ms jobs on 2 children would cost a claim each; the batch covers 100 ms of
     starts instead. Jobs longer than children x that window still reserve nothing."""
     fast = dict(procs=2, rtt=0.001, remaining=(0.0, 0.01))
     h = horizon(0.001)
     assert h < MIN_BATCH_WINDOW
-    assert claim_size(need(run_time=0.02, **fast)) == 1 + math.floor(2 / 0.02 * MIN_BATCH_WINDOW) == 6
-    assert claim_size(need(run_time=0.2, **fast)) == 1  # 10 starts/s x 50 ms < 1: the child due now only
+    assert claim_size(need(run_time=0.02, **fast)) == 1 + math.floor(2 / 0.02 * MIN_BATCH_WINDOW) == 11
+    assert claim_size(need(run_time=0.1, **fast)) == 3  # 20 starts/s x 100 ms: the child due now and 2 more
+    assert claim_size(need(run_time=0.3, **fast)) == 1  # 6.7 starts/s x 100 ms < 1: the child due now only
     assert claim_size(need(run_time=2.0, procs=2, rtt=0.001, remaining=(1.0, 1.5))) == 0
 
 
@@ -145,7 +146,7 @@ def test_under_a_rate_jobs_are_counted_to_start_no_faster_than_the_rate_can_sett
     n = dict(idle=1, procs=2, run_time=0.001)  # the children could start 2000 jobs/s
     need_now = starts_within(H, need(**n))
     assert claim_size(need(**n)) == min(MAX_CLAIM, need_now + math.floor(2000 * H))
-    assert claim_size(need(rate=1000.0, **n)) == need_now + math.floor(900 * max(H, MIN_BATCH_WINDOW))  # 90% of 1000/s
+    assert claim_size(need(rate=500.0, **n)) == need_now + math.floor(450 * max(H, MIN_BATCH_WINDOW))  # 90% of 500/s
 
 
 # ------------------------------------------------------------------ prefetch N caps the reserve

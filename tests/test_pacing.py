@@ -20,8 +20,9 @@ def claims(server) -> int:
 
 def test_children_freeing_at_once_are_claimed_for_in_one_claim(dev_server, daemon_factory):
     """Four children, sixteen 0.3 s jobs: the jobs of a round end together, and one claim (one lease
-    prefix on the server) carries the next four. On a loaded machine a round's ends spread out and a
-    claim may carry fewer, but still far fewer claims than jobs."""
+    prefix on the server) carries the next four (the first, with no run time known yet, exactly four;
+    later ones one more, the 100 ms of starts a claim batches at 13 a second). On a loaded machine a
+    round's ends spread out and a claim may carry fewer, but still far fewer claims than jobs."""
     d = daemon_factory("pc-batch", procs=4).wait_ready()
     before = claims(dev_server)  # the empty queue's polls so far
     ids = bulk(dev_server, "pc-batch", [{"do": "sleep", "secs": 0.3}] * 16)
@@ -34,7 +35,7 @@ def test_children_freeing_at_once_are_claimed_for_in_one_claim(dev_server, daemo
     after = claims(dev_server)  # the last round's claim came back full: no empty poll yet
     jobs = wait_for_status(dev_server, ids, timeout=30)
     by_claim = Counter(j["lease_id"][:36] for j in jobs)  # lease_id = <one uuid per claim>-<job id>
-    assert max(by_claim.values()) == 4
+    assert 4 <= max(by_claim.values()) <= 5
     assert len(by_claim) <= 8, by_claim  # four rounds, one claim each on a quiet machine; 7 seen under coverage
     assert after - before <= len(by_claim) + 1  # the server saw those claims (and one poll before the jobs)
     assert all(j["retry_count"] == 0 for j in jobs)

@@ -542,8 +542,8 @@ def test_claim_ahead_measures_the_round_trip_and_claims_for_a_child_about_to_fin
     assert rig.intake.run_time.value == pytest.approx(0.05)
     rig.maybe_claim(T0 + 0.07, 1)
     call, _, _ = rig.submit.take("claim")
-    # the idle child, the one about to finish, and a batch of two (50 ms of starts at 40 a second)
-    assert body(call)["limit"] == 4
+    # the idle child, the one about to finish, and a batch of four (100 ms of starts at 40 a second)
+    assert body(call)["limit"] == 6
 
 
 def test_claim_ahead_with_prefetch_n_reserves_at_most_n():

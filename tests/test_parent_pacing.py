@@ -37,11 +37,11 @@ def test_prefetch_0_or_no_measurements_claim_only_for_idle_children_without_a_wa
 
 
 def test_a_busy_child_about_to_finish_gets_a_job_claimed_ahead():
-    # horizon 2 x 20 ms + 5 ms = 45 ms; the child is free in 10 ms: one start, plus a batch of the 50 ms
-    # minimum window (longer than the horizon) at 40 starts/s (2 children, 50 ms jobs) = 2 more
+    # horizon 2 x 20 ms + 5 ms = 45 ms; the child is free in 10 ms: one start, plus a batch of the 100 ms
+    # minimum window (longer than the horizon) at 40 starts/s (2 children, 50 ms jobs) = 4 more
     assert horizon(0.02) == pytest.approx(0.045)
     assert starts_within(0.045, need(remaining=(0.01,))) == 1
-    assert claim_size(need(remaining=(0.01,))) == 3
+    assert claim_size(need(remaining=(0.01,))) == 5
 
 
 def test_prefetch_n_caps_the_reserve():

@@ -17,7 +17,7 @@ HORIZON_RTTS = 2.0  # claim for children that will be free within this many roun
 HORIZON_SLACK = 0.005  # seconds added to the horizon: the loop turn, the frame to the child
 CLAIM_SHARE = 0.1  # under a known request rate, claims may use this share of it
 SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
-MIN_BATCH_WINDOW = 0.05  # seconds: a claim carries at least this long's starts, so short jobs do not
+MIN_BATCH_WINDOW = 0.1  # seconds: a claim carries at least this long's starts, so short jobs do not
 # cost a claim each (a claim request costs the API and both processes more CPU than a job's complete)
 
 
