@@ -8,6 +8,8 @@ those decisions add up to: latency hidden for short jobs, nothing hoarded behind
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -18,7 +20,9 @@ from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import JobDone
 from supervisor.parent.intake import (
     MAX_CLAIM,
+    MAX_STEPS,
     MIN_BATCH_WINDOW,
+    NEED_SLACK_RTTS,
     Ewma,
     Need,
     claim_size,
@@ -30,6 +34,7 @@ from supervisor.parent.jobs import JobFlow
 
 RTT = 0.02
 H = horizon(RTT)  # 2 round trips + 5 ms = 45 ms
+SLACK = NEED_SLACK_RTTS * RTT  # next_need_at wakes this long after the need itself
 
 
 def need(**kw) -> Need:
@@ -169,13 +174,79 @@ def test_prefetch_n_is_a_cap_not_a_target():
 
 # ------------------------------------------------------------------ when to wake up for the next claim
 
-def test_the_next_need_is_when_the_soonest_busy_child_enters_the_horizon():
-    assert next_need_at(50.0, (1.0, 0.3, math.inf), RTT) == pytest.approx(50.0 + 0.3 - H)
-    assert next_need_at(50.0, (0.01, 0.3), RTT) == pytest.approx(50.0 + 0.3 - H)  # the one inside is claimable now
-    assert next_need_at(50.0, (0.01,), RTT) is None
-    assert next_need_at(50.0, (math.inf,), RTT) is None
-    assert next_need_at(50.0, (1.0,), None) is None
-    assert next_need_at(50.0, (), RTT) is None
+def test_with_nothing_waiting_the_next_need_is_when_the_soonest_busy_child_enters_the_horizon():
+    assert next_need_at(50.0, need(remaining=(1.0, 0.3, math.inf))) == pytest.approx(50.0 + 0.3 - H + SLACK)
+    # the one inside is claimable now; the next step is the other's entry
+    assert next_need_at(50.0, need(remaining=(0.01, 0.3))) == pytest.approx(50.0 + 0.3 - H + SLACK)
+    # alone, the one inside next counts again when its next job's end enters the horizon
+    assert next_need_at(50.0, need(remaining=(0.01,))) == pytest.approx(50.0 + 0.01 - H + 1.0 + SLACK)
+    assert next_need_at(50.0, need(remaining=(math.inf,))) is None
+    assert next_need_at(50.0, need(remaining=(1.0,), rtt=None)) is None
+    assert next_need_at(50.0, need(remaining=(1.0,), run_time=None)) is None
+    assert next_need_at(50.0, need(remaining=())) is None
+
+
+def test_jobs_waiting_push_the_next_need_past_the_children_they_cover():
+    """One job waiting covers the first child to come within the horizon: the loop wakes for the second
+    (a turn per job saved when the reserve is enough); with short jobs, a child's later starts count too."""
+    assert next_need_at(50.0, need(remaining=(0.2, 0.5), waiting=1)) == pytest.approx(50.0 + 0.5 - H + SLACK)
+    assert next_need_at(50.0, need(remaining=(0.2, 0.5), waiting=2)) == pytest.approx(50.0 + 0.2 - H + 1.0 + SLACK)
+    # 10 ms jobs: the child at 0.1 s starts again every 10 ms, long before the other one's entry
+    assert next_need_at(50.0, need(remaining=(0.1, 0.5), waiting=3, run_time=0.01)) == pytest.approx(
+        50.0 + 0.1 - H + 0.03 + SLACK)
+
+
+def state_at(n: Need, t: float) -> Need:
+    """What the job flow will see `t` s from now if nothing is claimed: each child whose job ends takes
+    the next job waiting (an idle one at once), or goes idle when none is left."""
+    run = n.run_time or 0.0
+    ends = sorted(r for r in n.remaining if r != math.inf)
+    never = [r for r in n.remaining if r == math.inf]
+    waiting, idle = n.waiting, n.idle
+    took = min(idle, waiting)
+    waiting, idle = waiting - took, idle - took
+    ends = sorted(ends + [run] * took)
+    while ends and ends[0] <= t:
+        end = ends.pop(0)
+        if waiting:
+            waiting -= 1
+            ends = sorted(ends + [end + run])
+        else:
+            idle += 1
+    return replace(n, idle=idle, waiting=waiting, remaining=tuple(never + [e - t for e in ends]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_next_need_is_the_first_moment_claim_size_would_claim(seed):
+    """Against claim_size's own test (starts within the horizon > jobs waiting) on the state the flow will
+    be in as jobs end and take the jobs waiting: the answer less SLACK is the moment it turns true (never
+    true before); past MAX_STEPS, an earlier answer (a wasted turn) is allowed, a later one not."""
+    rnd = random.Random(seed)
+    checked = 0
+    for _ in range(400):
+        run = rnd.choice([0.002, 0.01, 0.05, 0.3, 2.0])
+        n = need(idle=rnd.choice([0, 0, 1]), waiting=rnd.randrange(0, 40), run_time=run, procs=4,
+                 remaining=tuple(rnd.choice([math.inf, rnd.uniform(0, 3 * run)]) for _ in range(rnd.randrange(1, 5))))
+        if starts_within(H, n) > n.waiting or n.idle > n.waiting:
+            continue  # claimable now: next_deadline wakes at once, not at next_need_at
+
+        def claims(t: float, n: Need = n) -> bool:
+            later = state_at(n, t)
+            return starts_within(H, later) > later.waiting
+
+        got = next_need_at(0.0, n)
+        got = got if got is None or n.waiting >= MAX_STEPS else got - SLACK  # the need itself
+        if all(r == math.inf for r in n.remaining):
+            assert got is None
+            continue
+        if got is None and n.waiting >= MAX_STEPS:
+            continue  # more than MAX_STEPS starts away: the jobs' ends wake the loop first
+        assert got is not None and got > 0, (n, got)
+        assert not any(claims(got * i / 50) for i in range(50)), (n, got)  # never late
+        if n.waiting < MAX_STEPS:
+            assert claims(got + 1e-9) and not claims(got - 1e-9), (n, got)
+            checked += 1
+    assert checked > 100
 
 
 # ------------------------------------------------------------------ the JobFlow: one claim on the wire
@@ -214,7 +285,7 @@ def test_children_finishing_together_get_one_claim_and_no_second_one_while_it_is
     flow.maybe_claim(10.9, idle=0, procs=4, may_claim=True)  # 100 ms before the ends: too early
     assert submit.calls == []
     at = 11.0 - H + 0.001
-    assert flow.next_deadline(10.9, True, 0) == pytest.approx(11.0 - H)
+    assert flow.next_deadline(10.9, True, 0) == pytest.approx(11.0 - H + SLACK)
     flow.maybe_claim(at, idle=0, procs=4, may_claim=True)
     flow.maybe_claim(at + 0.001, idle=0, procs=4, may_claim=True)
     assert submit.routes() == ["claim"]
@@ -233,7 +304,7 @@ def test_long_jobs_reserve_nothing_while_every_child_is_busy_and_the_flow_sleeps
     for t in (10.0, 10.5, 11.0, 11.9):
         flow.maybe_claim(t, idle=0, procs=2, may_claim=True)
     assert submit.calls == []
-    assert flow.next_deadline(11.0, True, 0) == pytest.approx(12.0 - H)
+    assert flow.next_deadline(11.0, True, 0) == pytest.approx(12.0 - H + SLACK)
 
 
 def test_prefetch_0_neither_claims_nor_wakes_for_a_busy_child():
@@ -261,7 +332,9 @@ def test_no_wake_up_for_a_child_inside_the_horizon_when_the_reserve_already_cove
     flow, submit = flow_with_estimates(procs=1, run=0.05)
     flow.inflight.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # one job waiting
     at = 10.04
-    assert flow.next_deadline(at, True, 0) == pytest.approx(flow.inflight.next_deadline())
+    # not now for the child inside (the job waiting is its next), but when that job, started at 10.05,
+    # comes within the horizon of its own end (and half a round trip on)
+    assert flow.next_deadline(at, True, 0) == pytest.approx(10.05 + 0.05 - H + SLACK)
 
 
 # ------------------------------------------------------------------ what the decisions add up to

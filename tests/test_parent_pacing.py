@@ -66,9 +66,11 @@ def test_under_a_request_budget_claims_come_in_bigger_batches():
 
 
 def test_next_need_is_when_the_next_busy_child_comes_within_the_horizon():
-    assert next_need_at(T0, (0.5, math.inf), 0.02) == pytest.approx(T0 + 0.455)
-    assert next_need_at(T0, (0.01,), 0.02) is None  # already within: claim now, not later
-    assert next_need_at(T0, (), 0.02) is None and next_need_at(T0, (0.5,), None) is None
+    # the entry at 0.455 s, and half a round trip on (a child's answer before then claims at once)
+    assert next_need_at(T0, need(remaining=(0.5, math.inf))) == pytest.approx(T0 + 0.455 + 0.01)
+    # already within: claimed for now; the next need is its next job's entry (50 ms jobs)
+    assert next_need_at(T0, need(remaining=(0.01,))) == pytest.approx(T0 + 0.01 - 0.045 + 0.05 + 0.01)
+    assert next_need_at(T0, need(remaining=())) is None and next_need_at(T0, need(remaining=(0.5,), rtt=None)) is None
 
 
 # ------------------------------------------------------------------ pacer

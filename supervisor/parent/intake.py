@@ -9,6 +9,7 @@ fleet of daemons shares long jobs as evenly as before.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -17,6 +18,9 @@ HORIZON_RTTS = 2.0  # claim for children that will be free within this many roun
 HORIZON_SLACK = 0.005  # seconds added to the horizon: the loop turn, the frame to the child
 CLAIM_SHARE = 0.1  # under a known request rate, claims may use this share of it
 SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
+NEED_SLACK_RTTS = 0.5  # next_need_at wakes the loop this many round trips after the need (of the two the
+# horizon covers): a child's answer in between, every few ms with short jobs, claims then at no extra turn
+MAX_STEPS = 32  # next_need_at looks this many starts ahead at most (it costs the loop every turn)
 MIN_BATCH_WINDOW = 0.1  # seconds: a claim carries at least this long's starts, so short jobs do not
 # cost a claim each (a claim request costs the API and both processes more CPU than a job's complete)
 
@@ -84,11 +88,30 @@ def claim_size(n: Need) -> int:
     return max(0, min(MAX_CLAIM, want))
 
 
-def next_need_at(now: float, starts_left: tuple[float, ...], rtt: float | None) -> float | None:
-    """When the next busy child comes within the horizon (`starts_left`: expected seconds left of each
-    busy child's job), so the loop wakes to claim for it; None if no estimate."""
-    if rtt is None or not starts_left:
+def next_need_at(now: float, n: Need) -> float | None:
+    """When the loop should wake to claim: NEED_SLACK_RTTS round trips after the starts within the
+    horizon first outnumber the jobs waiting (claim_size's test), not at each busy child's entry into
+    the horizon, which the reserve usually covers; None if no estimate.
+
+    The starts within the horizon go up by one at each (left - h) + k x run from now (k = 0, 1, ...;
+    an idle child's left is 0): the answer is the first of those steps after now that makes them
+    outnumber `waiting`. With MAX_STEPS or more waiting it answers the first step after now instead
+    (earlier: a wasted turn at worst, never a late claim), or None if all of MAX_STEPS are past: the
+    children's answers, a job's end every few ms, wake the loop long before the reserve runs out."""
+    if n.rtt is None or n.run_time is None:
         return None
-    ahead = [left - horizon(rtt) for left in starts_left if left != math.inf]
-    future = [a for a in ahead if a > 0]
-    return now + min(future) if future else None
+    h, run = horizon(n.rtt), max(n.run_time, 1e-4)
+    steps = [left - h for left in n.remaining if left != math.inf]
+    if not steps:
+        return None
+    steps += [-h] * n.idle
+    heapq.heapify(steps)
+    first_ahead = None
+    for count in range(1, MAX_STEPS + 1):  # the answer is step waiting + 1 at most: need(now) <= waiting
+        t = steps[0]
+        if t > 0:
+            if count > n.waiting:
+                return now + t + NEED_SLACK_RTTS * n.rtt
+            first_ahead = t if first_ahead is None else first_ahead
+        heapq.heapreplace(steps, t + run)
+    return None if first_ahead is None else now + first_ahead

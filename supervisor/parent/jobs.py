@@ -82,15 +82,16 @@ class JobFlow:
     def next_deadline(self, now: float, may_claim: bool, idle: int, claim_gate: float = 0.0) -> float | None:
         """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
         (when `may_claim`: registered and running) the next claim: now-ish when children are idle, or
-        when the next busy child comes within the claim horizon; never before `claim_gate` (the
-        request budget's say)."""
+        when the starts within the claim horizon will outnumber the jobs waiting; never before
+        `claim_gate` (the request budget's say)."""
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
             soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
-            if idle > self.inflight.waiting_count() or (self.cfg.prefetch != 0 and self._claim_size(now, idle) > 0):
+            need = self._need(now, idle) if self.cfg.prefetch != 0 else None
+            if idle > self.inflight.waiting_count() or (need is not None and claim_size(need) > 0):
                 times.append(soonest)  # a child is idle, or a busy one is inside the horizon already
-            elif self.cfg.prefetch != 0:
-                need_at = next_need_at(now, self._busy_remaining(now), self.claim_rtt.value)
+            elif need is not None:
+                need_at = next_need_at(now, need)
                 if need_at is not None:
                     times.append(max(need_at, soonest))
         if self.unsent:
@@ -188,9 +189,12 @@ class JobFlow:
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
 
     def _claim_size(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> int:
-        return claim_size(Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
-                               procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
-                               prefetch=self.cfg.prefetch, rate=rate))
+        return claim_size(self._need(now, idle, procs, rate))
+
+    def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
+        return Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
+                    procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
+                    prefetch=self.cfg.prefetch, rate=rate)
 
     def _run_time(self) -> float | None:
         """The shortest run-time estimate among the queues (the one that wants claiming most often)."""
