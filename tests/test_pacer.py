@@ -276,7 +276,12 @@ def test_sim_under_a_plan_limit_429s_are_rare_and_requests_per_job_near_one(plan
     sim = Sim(procs=2, jobs=8 * plan, run_time=lambda i: 0.02, rtt=0.02, server_rps=plan).run()
     assert len(sim.completed) == 8 * plan
     assert len(sim.sent) / sim.jobs < 1.25  # batched claims: about 1 + 1/9 requests per job
-    assert len(sim.refused()) <= 0.02 * len(sim.sent) + 1  # the first collision teaches the rate
+    refused = sim.refused()
+    first = min((s.at for s in refused), default=None)
+    # the first collision teaches the rate: what was sent at that moment (with claims of 100 ms of starts,
+    # both children's completes) may all be refused; after it 429s stay rare
+    assert len([s for s in refused if s.at != first]) <= 0.02 * len(sim.sent)
+    assert len(refused) <= 0.02 * len(sim.sent) + 2
     assert sim.jobs / (sim.now - 1000.0) >= 0.8 * plan
 
 
