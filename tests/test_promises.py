@@ -104,7 +104,7 @@ def test_repeated_errors_in_the_main_loop_exit_1(dev_server):
     code = ("import sys; import supervisor.ops.hooks as h; import supervisor.parent.arbiter as a\n"
             "def tick(self, now):\n    raise RuntimeError('injected bug in tick')\n"
             "h.DaemonHooks.tick = tick\n"
-            "a.LOOP_ERROR_PAUSE = 0.01\n"  # the hundred turns in 1 s, not 10
+            "a.LOOP_ERROR_PAUSE = 0.01\n"  # the pauses after the hundred errors add up to 1 s, not 10
             "from supervisor.cli import main\nsys.exit(main(sys.argv[1:]))")
     d.cmd[1:3] = ["-c", code]  # the same command line, run through a patched entry point
     d.start()
