@@ -112,6 +112,7 @@ def next_need_at(now: float, n: Need) -> float | None:
         if t > 0:
             if count > n.waiting:
                 return now + t + NEED_SLACK_RTTS * n.rtt
-            first_ahead = t if first_ahead is None else first_ahead
+            if first_ahead is None:
+                first_ahead = t
         heapq.heapreplace(steps, t + run)
     return None if first_ahead is None else now + first_ahead

@@ -87,11 +87,11 @@ class JobFlow:
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
         if may_claim and not self.claim_inflight:
             soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
-            need = self._need(now, idle) if self.cfg.prefetch != 0 else None
-            if idle > self.inflight.waiting_count() or (need is not None and claim_size(need) > 0):
-                times.append(soonest)  # a child is idle, or a busy one is inside the horizon already
-            elif need is not None:
-                need_at = next_need_at(now, need)
+            if idle > self.inflight.waiting_count():
+                times.append(soonest)  # a child is idle with no job waiting for it
+            elif self.cfg.prefetch != 0:
+                need = self._need(now, idle)
+                need_at = now if claim_size(need) > 0 else next_need_at(now, need)  # now: inside the horizon
                 if need_at is not None:
                     times.append(max(need_at, soonest))
         if self.unsent:
