@@ -181,15 +181,12 @@ class JobFlow:
         intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
         if intake is None:
             return
-        size = self._claim_size(now, idle, procs, rate)
+        size = claim_size(self._need(now, idle, procs, rate))
         if size <= 0:
             return
         self.claim_inflight = True
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
-
-    def _claim_size(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> int:
-        return claim_size(self._need(now, idle, procs, rate))
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
         return Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
