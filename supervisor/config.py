@@ -31,6 +31,7 @@ DEFAULT_API_URL = "https://api.spooled.cloud"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
 CREDENTIAL_NAME = "spooled-api-key"
 GRPC_EXTRA_HINT = "pip install 'spooled-supervisor[grpc]'"
+PATH_MAX = 4096  # the longest path Linux accepts; error lines show paths up to this whole
 _WORKER_ID_RX = re.compile(r"[^A-Za-z0-9._-]")
 _QUEUE_RX = re.compile(r"^[^\W.-][\w.-]{0,99}$")
 _TRUE = ("1", "true", "yes", "on")
@@ -319,9 +320,14 @@ def resolve(opt: Option, args: argparse.Namespace, environ: Mapping[str, str]) -
         raise ConfigError(f"{source} {exc}, got {_shown(raw)}") from None
 
 
-def _shown(raw: str) -> str:
-    """A value as it may be typed back into a shell, cut to 80 characters: one line whatever it holds."""
-    return shlex.quote(raw if len(raw) <= 80 else raw[:77] + "...")
+def _shown(raw: str, limit: int = 80) -> str:
+    """A value as it may be typed back into a shell, on one line whatever it holds: cut to `limit`
+    characters, and written as a bash $'...' string (control characters escaped) if it is not printable.
+    Paths get a limit of PATH_MAX: an operator needs all of one to find what is wrong with it."""
+    text = raw if len(raw) <= limit else raw[:limit - 3] + "..."
+    if text.isprintable():
+        return shlex.quote(text)
+    return "$'" + text.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
 
 
 def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:
@@ -333,7 +339,8 @@ def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_sour
         try:
             key = Path(args.api_key_file).read_text().strip()
         except OSError as exc:
-            raise ConfigError(f"cannot read {file_source} {_shown(args.api_key_file)}: {exc.strerror}") from None
+            shown = _shown(args.api_key_file, PATH_MAX)
+            raise ConfigError(f"cannot read {file_source} {shown}: {exc.strerror}") from None
     elif environ.get("SPOOLED_API_KEY"):
         key = environ["SPOOLED_API_KEY"].strip()
     elif environ.get("CREDENTIALS_DIRECTORY") and (Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME).is_file():
@@ -373,7 +380,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         raise ConfigError(f"refusing plain http:// to {url.hostname}: the API key would cross the network "
                           "unencrypted; use https:// or pass --allow-insecure-http (SPOOLED_ALLOW_INSECURE_HTTP=1)")
     if values["ca_bundle"] and not Path(values["ca_bundle"]).is_file():
-        raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'])} is not a readable file")
+        raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'], PATH_MAX)} is not a readable file")
     if values["transport"] == "grpc":
         _require_grpc()
     procs, procs_source = values["procs"], f"procs={values['procs']} from {sources['procs']}"

@@ -86,6 +86,19 @@ def test_key_sources_name_what_the_user_set(tmp_path):
         assert "SPOOLED_API_KEY" in text and bad not in text
 
 
+def test_a_value_with_control_characters_is_shown_on_one_line_as_bash_would_read_it(tmp_path):
+    text = one_line_error([], {**BASE, "SPOOLED_PROCS": "1\n2'x"})
+    assert text.endswith("got $'1\\n2\\'x'")
+    typed = subprocess.run(["bash", "-c", "printf %s " + text.rsplit("got ", 1)[1]], capture_output=True, text=True)
+    assert typed.stdout == "1\n2'x"
+
+
+def test_a_long_path_is_shown_whole(tmp_path):
+    missing = str(tmp_path / ("d" * 200) / "key")
+    assert one_line_error([], {**BASE, "SPOOLED_API_KEY_FILE": missing}) == (
+        f"cannot read SPOOLED_API_KEY_FILE {missing}: No such file or directory")
+
+
 def test_a_flag_beats_its_variable_and_an_empty_variable_is_unset():
     env = {**BASE, "SPOOLED_PROCS": "abc", "SPOOLED_LOG_FORMAT": ""}
     cfg = load_config(["--procs", "3", "--log-format", "text"], env)
