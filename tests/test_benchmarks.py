@@ -7,6 +7,7 @@ asserted (this machine is shared and a test is no benchmark).
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_api_benchmark_tiny_run(tmp_path):
     for row in r["latency"] + r["noop"] + r["budget"]:
         assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
     assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]
+    assert all(0 < row["steady_efficiency"] <= 1.5 for row in r["latency"])
     assert r["budget"][0]["rate_limit_rps"] == 25 and r["budget"][0]["requests"] >= r["budget"][0]["jobs"]
     f = r["fleet"]
     assert f["completed"] == f["jobs"] == 4 and f["makespan_over_ideal"] > 0 and sum(f["split"].values()) == 4
@@ -90,3 +92,23 @@ def test_cores_benchmark_tiny_run(tmp_path):
         assert r["children_us_per_job"] >= 20_000 * 0.9  # each job burns 20 ms of the child's CPU
         assert r["children_cores"] + r["parent_cores"] + r["server_cores"] <= r["machine_busy_cores"] + 0.2
     assert "children" in proc.stdout.splitlines()[1]
+
+
+def test_the_steady_rate_leaves_out_the_ends_of_a_batch(tmp_path):
+    """Db.steady: the rate between the 10th and 90th percentile completions, so a slow start and a
+    slow end (the first claim, the last report) do not count; fewer than two completions inside: 0."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_api import Db
+
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE jobs(queue_name TEXT, status TEXT, started_at REAL, completed_at REAL)")
+        ends = [0.5] + [1.0 + 0.01 * i for i in range(18)] + [3.0]  # 20 jobs: a late first and last one
+        db.executemany("INSERT INTO jobs VALUES ('q', 'completed', 0.0, ?)", [(t,) for t in ends])
+        db.execute("INSERT INTO jobs VALUES ('q', 'pending', NULL, NULL)")
+        db.execute("INSERT INTO jobs VALUES ('few', 'completed', 0.0, 1.0)")
+    reader = Db(str(path))
+    jobs, secs = reader.steady("q")
+    assert jobs == 15 and abs(secs - 0.15) < 1e-9  # the 3rd to the 18th completion: 1.01 .. 1.16
+    assert reader.span("q") == (20, 3.0)
+    assert reader.steady("few") == (0, 0.0) and reader.steady("none") == (0, 0.0)
