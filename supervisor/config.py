@@ -327,7 +327,14 @@ def _shown(raw: str, limit: int = 80) -> str:
     text = raw if len(raw) <= limit else raw[:limit - 3] + "..."
     if text.isprintable():
         return shlex.quote(text)
-    return "$'" + text.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+    return "$'" + "".join(map(_bash_byte, text.encode("utf-8", "surrogateescape"))) + "'"  # undecodable bytes too
+
+
+def _bash_byte(b: int) -> str:
+    """One byte inside a bash $'...' string: printable ASCII as itself, ' and \\ escaped, the rest \\xHH."""
+    if chr(b) in "'\\":
+        return "\\" + chr(b)
+    return chr(b) if 0x20 <= b < 0x7F else f"\\x{b:02x}"
 
 
 def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:

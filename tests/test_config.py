@@ -86,11 +86,13 @@ def test_key_sources_name_what_the_user_set(tmp_path):
         assert "SPOOLED_API_KEY" in text and bad not in text
 
 
-def test_a_value_with_control_characters_is_shown_on_one_line_as_bash_would_read_it(tmp_path):
-    text = one_line_error([], {**BASE, "SPOOLED_PROCS": "1\n2'x"})
-    assert text.endswith("got $'1\\n2\\'x'")
-    typed = subprocess.run(["bash", "-c", "printf %s " + text.rsplit("got ", 1)[1]], capture_output=True, text=True)
-    assert typed.stdout == "1\n2'x"
+@pytest.mark.parametrize("value", ["1\n2'x", "caf\u00e9\t\\", "bad\udcffbyte"])
+def test_a_value_with_control_characters_is_shown_on_one_line_as_bash_would_read_it(value):
+    text = one_line_error([], {**BASE, "SPOOLED_PROCS": value})
+    shown = text.rsplit("got ", 1)[1]
+    assert shown.startswith("$'") and shown.isascii()
+    typed = subprocess.run(["bash", "-c", "printf %s " + shown], capture_output=True)
+    assert typed.stdout == value.encode("utf-8", "surrogateescape")  # the same bytes back, undecodable ones too
 
 
 def test_a_long_path_is_shown_whole(tmp_path):
