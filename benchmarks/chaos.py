@@ -69,8 +69,14 @@ class Killer(threading.Thread):
         self.seen: set[int] = set()
 
     def children(self) -> tuple[list[int], list[int]]:
+        """Busy and idle children, leaving out those already killed: on a loaded machine a SIGKILLed child
+        can keep its title (and so look alive) until it is next scheduled, and counting it twice would
+        make one death two kills."""
         busy, idle = [], []
+        killed = set(self.killed)
         for pid in self.d.child_pids():
+            if pid in killed:
+                continue
             self.seen.add(pid)
             try:
                 (busy if " busy " in psutil.Process(pid).cmdline()[0] else idle).append(pid)

@@ -8,6 +8,7 @@ bytecode into the checkout. In CI (CI set), a skip whose reason is not in EXPECT
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -59,8 +60,45 @@ def end_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         pass
 
 
+@pytest.fixture
+def _cores(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `exclusive` (it keeps both cores busy and its outcome depends on
+    getting them: the chaos runs, the benchmark runs) runs while no other test does; the others share.
+
+    Two flock(2)ed files in the directory every worker of the session shares: the others hold `cores`
+    shared; an exclusive test takes `turnstile`, which the others pass through before they take `cores`
+    (so they cannot keep it from ever being free), then holds `cores` exclusively. Serially: nothing."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    shared = tmp_path_factory.getbasetemp().parent
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    turnstile = _locked(shared / "turnstile.lock", fcntl.LOCK_EX)
+    cores = -1
+    try:
+        cores = _locked(shared / "cores.lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        if not exclusive:
+            os.close(turnstile)
+            turnstile = -1
+        yield
+    finally:
+        for fd in (cores, turnstile):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _locked(path: Path, mode: int) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, mode)
+    except BaseException:  # the test's timeout, say: never leave the descriptor (and a lock) behind
+        os.close(fd)
+        raise
+    return fd
+
+
 @pytest.fixture(autouse=True)
-def _owned_processes(monkeypatch):
+def _owned_processes(monkeypatch, _cores):
     """Own every DevServer / Daemon a test starts: end them (and their process groups) at teardown.
     Subprocesses get a short TMPDIR of their own (multiprocessing's pymp-* dirs land there), removed after."""
     tmp = tempfile.mkdtemp(prefix="sst-")  # short: AF_UNIX paths inside it stay under 107 bytes

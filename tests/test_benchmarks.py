@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 @pytest.mark.timeout(330)
+@pytest.mark.exclusive
 def test_benchmark_script_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
@@ -55,6 +56,7 @@ def test_benchmark_script_tiny_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(330)
+@pytest.mark.exclusive
 def test_api_benchmark_tiny_run(tmp_path):
     """benchmarks/bench_api.py (the API-latency, no-op, fleet and budget sections run.py also runs)."""
     out = tmp_path / "api.json"
@@ -78,6 +80,7 @@ def test_api_benchmark_tiny_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.exclusive
 def test_cores_benchmark_tiny_run(tmp_path):
     """benchmarks/cores.py: one row at loopback, one with 20 ms of API latency; the shares add up."""
     out = tmp_path / "cores.json"

@@ -23,6 +23,7 @@ def load_chaos():
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+@pytest.mark.exclusive
 def test_chaos_500_jobs_with_kills_and_api_faults_lose_nothing(tmp_path, capsys, request):
     chaos = load_chaos()
     report = chaos.run_chaos(jobs=500, ms=20, procs=2, duration=60, kill_min=0.2, kill_max=0.5, fault_503=0.1,

@@ -111,6 +111,7 @@ def test_sigterm_drains_deregisters_and_exits_0(server, daemons):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.exclusive
 def test_chaos_killed_children_and_unavailable_faults_lose_nothing(server, daemons):
     ids = [server.enqueue("g-chaos", {"do": "sleep", "secs": 0.3, "n": i}, max_retries=10) for i in range(24)]
     daemon = daemons("g-chaos", procs=2, worker_id="g-chaos", args=["--lease", "5"])
