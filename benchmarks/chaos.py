@@ -73,9 +73,8 @@ class Killer(threading.Thread):
         can keep its title (and so look alive) until it is next scheduled, and counting it twice would
         make one death two kills."""
         busy, idle = [], []
-        killed = set(self.killed)
         for pid in self.d.child_pids():
-            if pid in killed:
+            if pid in self.killed:
                 continue
             self.seen.add(pid)
             try:

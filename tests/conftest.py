@@ -73,18 +73,15 @@ def _cores(request, tmp_path_factory):
         return
     shared = tmp_path_factory.getbasetemp().parent
     exclusive = request.node.get_closest_marker("exclusive") is not None
-    turnstile = _locked(shared / "turnstile.lock", fcntl.LOCK_EX)
-    cores = -1
+    held = [_locked(shared / "turnstile.lock", fcntl.LOCK_EX)]
     try:
-        cores = _locked(shared / "cores.lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        held.append(_locked(shared / "cores.lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
         if not exclusive:
-            os.close(turnstile)
-            turnstile = -1
+            os.close(held.pop(0))  # through the turnstile: an exclusive test waiting there goes next
         yield
     finally:
-        for fd in (cores, turnstile):
-            if fd >= 0:
-                os.close(fd)
+        for fd in held:
+            os.close(fd)
 
 
 def _locked(path: Path, mode: int) -> int:
