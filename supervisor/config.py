@@ -63,6 +63,7 @@ class Config:
     allow_insecure_http: bool = False
     health_host: str = "127.0.0.1"
     health_port: int | None = None
+    ready_api_silence: float = 60.0  # /readyz fails after this long without an API answer
     log_format: str = "auto"
     log_level: str = "INFO"
     queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
@@ -260,6 +261,8 @@ OPTIONS: tuple[Option, ...] = (
            "and /status on this port, 0-65535; off by default", "PORT"),
     Option("--health-host", "SPOOLED_HEALTH_HOST", parse_text, "127.0.0.1", "address for the health port; "
            "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
+    Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, above=True), 60.0, "/readyz fails once "
+           "the API has not answered for this many seconds (/healthz never looks at the API); default 60", "S"),
     Option("--log-format", "SPOOLED_LOG_FORMAT", choice("auto", "json", "text"), "auto", "log lines as JSON or "
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
@@ -407,7 +410,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         max_memory_per_child_mb=values["max_memory_per_child"], kill_grace=float(values["kill_grace"]),
         max_result_bytes=values["max_result_bytes"], api_timeout=float(values["api_timeout"]),
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
-        health_host=values["health_host"], health_port=values["health_port"], log_format=values["log_format"],
+        health_host=values["health_host"], health_port=values["health_port"],
+        ready_api_silence=float(values["ready_api_silence"]), log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source,

@@ -36,6 +36,7 @@ BAD_VALUES = {
     "SPOOLED_ALLOW_INSECURE_HTTP": ("TRUEISH", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_HEALTH_PORT": ("65536", "between 0 and 65535"),
     "SPOOLED_HEALTH_HOST": ("  ", "empty"),
+    "SPOOLED_READY_API_SILENCE": ("0", "above 0"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),

@@ -1,5 +1,9 @@
 """The health/metrics HTTP endpoint (`--health-port`): /healthz, /readyz, /metrics, /status.
 
+/healthz (liveness) fails only when the main loop stops turning; /readyz (readiness) fails while the
+daemon is not registered, is draining, or has not heard from the API lately. An API outage therefore
+shows in /readyz, /status and /metrics, never in /healthz.
+
 Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
 metrics) on that thread, so the daemon's snapshot must only read state that is safe to read from
 another thread, and must not wait on a lock the loop may hold while stuck: /healthz exists to
@@ -22,26 +26,25 @@ log = logging.getLogger(__name__)
 Snapshot = Callable[[], dict]
 
 
-def liveness(snap: dict, max_loop_age: float, max_api_age: float | None) -> str | None:
-    """None when live; else why not: the main loop stalled, or the API has not answered lately."""
+def liveness(snap: dict, max_loop_age: float) -> str | None:
+    """None when live; else why not. Live means the main loop turns: it is what reaps, replaces and feeds
+    the children, so a turning loop supervises them. Nothing about the API: a restart cannot mend an outage."""
     loop_age = snap.get("loop_age_secs")
     if loop_age is None or loop_age >= max_loop_age:
         return f"main loop has not turned for {loop_age}s (limit {max_loop_age}s)"
-    if max_api_age is not None:
-        api_age = snap.get("api_age_secs")
-        if api_age is None:
-            return "the Spooled API has not answered yet"
-        if api_age >= max_api_age:
-            return f"the Spooled API last answered {api_age:.1f}s ago (limit {max_api_age}s)"
     return None
 
 
-def readiness(snap: dict) -> str | None:
-    """None when ready (registered and not draining); else why not."""
+def readiness(snap: dict, max_api_silence: float) -> str | None:
+    """None when ready (registered, not draining, the API answered within `max_api_silence` seconds);
+    else why not."""
     if snap.get("draining"):
         return "draining"
     if not snap.get("registered"):
         return "not registered"
+    api_age = snap.get("api_age_secs")
+    if api_age is None or api_age >= max_api_silence:
+        return f"the Spooled API last answered {api_age}s ago (limit {max_api_silence}s)"
     return None
 
 
@@ -86,9 +89,9 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/status":
                 return self._json(200, snap, head)
             if path == "/healthz":
-                reason = liveness(snap, health.max_loop_age, health.max_api_age)
+                reason = liveness(snap, health.max_loop_age)
             else:
-                reason = readiness(snap)
+                reason = readiness(snap, health.max_api_silence)
             ages = {k: snap.get(k) for k in ("loop_age_secs", "api_age_secs", "registered", "draining")}
             if reason is None:
                 return self._json(200, {"status": "ok", **ages}, head)
@@ -115,13 +118,13 @@ class HealthServer:
     """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, metrics: DaemonMetrics,
-                 max_loop_age: float = 10.0, max_api_age: float | None = 60.0):
+                 max_loop_age: float = 10.0, max_api_silence: float = 60.0):
         self.host = host
         self.requested_port = port
         self.snapshot = snapshot
         self.metrics = metrics
         self.max_loop_age = max_loop_age
-        self.max_api_age = max_api_age  # None: /healthz ignores the API
+        self.max_api_silence = max_api_silence  # /readyz fails after this long without an API answer
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

@@ -10,7 +10,6 @@ from supervisor.ops.notify import Notifier
 from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
-API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
 
 
 class DaemonHooks(NullHooks):
@@ -31,7 +30,7 @@ class DaemonHooks(NullHooks):
         self._snapshot = snapshot
         if self.cfg.health_port is not None:
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
-                                       max_api_age=API_SILENCE_UNHEALTHY)
+                                       max_api_silence=self.cfg.ready_api_silence)
             self.health.start()
 
     def stop(self) -> None:
@@ -77,3 +76,4 @@ class DaemonHooks(NullHooks):
             self.metrics.inflight.set(snap["inflight"])
             self.metrics.children_alive.set(len(snap["children"]))
             self.metrics.reserved.set(snap.get("reserved", 0))
+            self.metrics.api_silence.set(snap.get("api_silence_secs", 0.0))

@@ -235,6 +235,8 @@ class DaemonMetrics:
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
         self.reserved = r.gauge(p + "reserved_jobs",
                                 "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
+        self.api_silence = r.gauge(p + "api_last_answer_age_seconds",
+                                   "Seconds since the Spooled API last answered (since start if it never has).")
         self.child_restarts = r.counter(p + "child_restarts_total", "Children replaced, by reason.", ("reason",))
         self.lease_renewals = r.counter(p + "lease_renewals_total", "Lease renewals, by outcome.", ("outcome",))
         self.api_requests = r.counter(p + "api_requests_total", "Spooled API requests, by route and HTTP status.",

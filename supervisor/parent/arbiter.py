@@ -83,6 +83,7 @@ class Arbiter:
         self.reloads = 0
         self.loop_errors = 0  # turns in a row that raised
         self.loop_at = time.monotonic()  # when the loop last turned (read by /healthz)
+        self.started_at = self.loop_at
         self.signals: SimpleQueue = SimpleQueue()  # filled by signal handlers, emptied by the loop
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -441,6 +442,7 @@ class Arbiter:
             "status": self.worker_status(now), "phase": self.phase.value,
             "loop_age_secs": round(now - self.loop_at, 3),
             "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
+            "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
             "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(), "queues": self.jobs.by_queue(),
             "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
