@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "demo": ("supervisor.commands.demo", "dev server + demo jobs + daemon, with live progress"),
     "enqueue": ("supervisor.commands.enqueue", "submit jobs to a Spooled API"),
     "status": ("supervisor.commands.status", "show a running daemon's children from its health port"),
+    "drain": ("supervisor.commands.drain", "ask the local daemon to drain and wait until it exits (preStop)"),
 }
 
 USAGE = "usage: python -m supervisor [SUBCOMMAND] [options]\n\nsubcommands:\n" + "".join(

@@ -4,6 +4,9 @@
 daemon is not registered, is draining, or has not heard from the API lately. An API outage therefore
 shows in /readyz, /status and /metrics, never in /healthz.
 
+POST /drain (from loopback only: the port is often bound to every address in a pod) asks the daemon
+to drain and hand its reserve back; `python -m supervisor drain` sends it.
+
 Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
 metrics) on that thread, so the daemon's snapshot must only read state that is safe to read from
 another thread, and must not wait on a lock the loop may hold while stuck: /healthz exists to
@@ -12,6 +15,7 @@ notice a stuck loop. A failing snapshot gives a 500 JSON answer; the server keep
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -24,6 +28,16 @@ from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict]
+ROUTES = ["/healthz", "/readyz", "/metrics", "/status", "POST /drain"]
+
+
+def is_loopback_client(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def liveness(snap: dict, max_loop_age: float) -> str | None:
@@ -75,6 +89,20 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self._route(head=False)
 
+    def do_POST(self):
+        health = self.server.health
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 65536:
+            self.rfile.read(length)  # a body is allowed and ignored
+        if path != "/drain" or health.drain is None:
+            return self._json(404, {"status": "not found", "routes": ROUTES}, head=False)
+        if not is_loopback_client(self.client_address[0]):
+            return self._json(403, {"status": "forbidden", "reason": "POST /drain is taken from loopback only"},
+                              head=False)
+        health.drain()
+        return self._json(202, {"status": "draining"}, head=False)
+
     def _route(self, head: bool) -> None:
         health = self.server.health
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -83,8 +111,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = health.metrics.render().encode()
                 return self._send(200, body, CONTENT_TYPE, head)
             if path not in ("/healthz", "/readyz", "/status"):
-                routes = ["/healthz", "/readyz", "/metrics", "/status"]
-                return self._json(404, {"status": "not found", "routes": routes}, head)
+                return self._json(404, {"status": "not found", "routes": ROUTES}, head)
             snap = health.snapshot()
             if path == "/status":
                 return self._json(200, snap, head)
@@ -118,13 +145,14 @@ class HealthServer:
     """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, metrics: DaemonMetrics,
-                 max_loop_age: float = 10.0, max_api_silence: float = 60.0):
+                 max_loop_age: float = 10.0, max_api_silence: float = 60.0, drain: Callable[[], None] | None = None):
         self.host = host
         self.requested_port = port
         self.snapshot = snapshot
         self.metrics = metrics
         self.max_loop_age = max_loop_age
         self.max_api_silence = max_api_silence  # /readyz fails after this long without an API answer
+        self.drain = drain  # called (on the server's thread) for POST /drain; None: no such route
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

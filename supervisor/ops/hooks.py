@@ -26,11 +26,12 @@ class DaemonHooks(NullHooks):
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
 
-    def start(self, snapshot) -> None:
+    def start(self, snapshot, drain=None) -> None:
+        """Serve the health port if asked; `drain` (thread-safe) is called for POST /drain."""
         self._snapshot = snapshot
         if self.cfg.health_port is not None:
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
-                                       max_api_silence=self.cfg.ready_api_silence)
+                                       max_api_silence=self.cfg.ready_api_silence, drain=drain)
             self.health.start()
 
     def stop(self) -> None:

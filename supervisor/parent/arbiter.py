@@ -28,6 +28,7 @@ from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
 from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
+from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.logs import log_event
 from supervisor.parent import orphans
 from supervisor.parent.events import NullHooks
@@ -52,7 +53,6 @@ from supervisor.parent.pool import ChildPool, HandlerImportFailed
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
-DEREGISTER_TIMEOUT = 5.0
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn does not spin a core
@@ -114,6 +114,10 @@ class Arbiter:
                   procs=self.pool.target, procs_source=self.cfg.procs_source, handler=self.cfg.handler,
                   api_url=self.cfg.api_url, prefetch="auto" if self.cfg.prefetch is None else self.cfg.prefetch,
                   max_rps=self.cfg.max_rps, version=__version__)
+        budget = stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout)
+        log_event(log, INFO, "stop budget: the longest a stop takes; give the service manager more", **budget.fields(),
+                  stop_budget_with_drain_request_secs=round(stop_budget(
+                      self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout, drain_request=True).total, 1))
         self.pool.converge(time.monotonic(), stopping_for_good=False)
         try:
             while self.exit_code is None:
@@ -134,6 +138,14 @@ class Arbiter:
 
     def _on_signal(self, signum, frame) -> None:
         self.signals.put_nowait(signum)
+
+    def ask_drain(self) -> None:
+        """Ask for a drain that hands the reserve back (from the health port's thread): queued like a signal."""
+        self.signals.put_nowait("DRAIN")
+        try:
+            os.write(self.wake_w, b"d")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is waking anyway
 
     def turn(self) -> None:
         """One pass of the loop (see the module docstring for the order)."""
@@ -274,8 +286,8 @@ class Arbiter:
     def handle_signals(self, now: float) -> None:
         """Act on the signals recorded since the last turn, by name: handle_SIGTERM and so on."""
         while not self.signals.empty():
-            sig = signal.Signals(self.signals.get_nowait())
-            getattr(self, f"handle_{sig.name}")(now)
+            item = self.signals.get_nowait()
+            getattr(self, f"handle_{item if isinstance(item, str) else signal.Signals(item).name}")(now)
 
     def handle_SIGTERM(self, now: float, name: str = "SIGTERM") -> None:
         if self.phase is Phase.DRAINING:
@@ -286,6 +298,17 @@ class Arbiter:
             log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.jobs.inflight),
                       drain_timeout=self.cfg.drain_timeout)
             self.begin_drain(now, exitcodes.OK)
+
+    def handle_DRAIN(self, now: float) -> None:
+        """A drain request (`python -m supervisor drain`, e.g. a pod's preStop hook): stop claiming, start no
+        more reserved jobs, let the running ones finish within the drain timeout, then deregister, which hands
+        the reserve (and anything still running at the deadline) back to the queue unaltered, and exit. A stop
+        signal that comes after it stops at once."""
+        log_event(log, INFO, "drain requested: no more claims or starts; reserved jobs go back to the queue when "
+                             "the running ones are done", running=len(self.jobs.inflight) - self.jobs.reserved(),
+                  reserved=self.jobs.reserved(), drain_timeout=self.cfg.drain_timeout)
+        self.jobs.stop_starting()
+        self.begin_drain(now, exitcodes.OK)
 
     def handle_SIGINT(self, now: float) -> None:
         self.handle_SIGTERM(now, "SIGINT")
@@ -358,7 +381,7 @@ class Arbiter:
             return
         self.pool.shutdown()
         if self.membership.registered and not self.membership.yielded:  # a newer daemon holds the row now
-            for attempt in (1, 2):
+            for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
                 try:
                     self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))
                     log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
