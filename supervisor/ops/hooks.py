@@ -76,5 +76,6 @@ class DaemonHooks(NullHooks):
             snap = self._snapshot()
             self.metrics.inflight.set(snap["inflight"])
             self.metrics.children_alive.set(len(snap["children"]))
+            self.metrics.busy_children.set(snap.get("busy", 0))
             self.metrics.reserved.set(snap.get("reserved", 0))
             self.metrics.api_silence.set(snap.get("api_silence_secs", 0.0))

@@ -233,6 +233,7 @@ class DaemonMetrics:
                                         JOB_DURATION_BUCKETS)
         self.inflight = r.gauge(p + "inflight_jobs", "Jobs currently running in children.")
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
+        self.busy_children = r.gauge(p + "busy_children", "Children running a job now (the reserve not counted).")
         self.reserved = r.gauge(p + "reserved_jobs",
                                 "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
         self.api_silence = r.gauge(p + "api_last_answer_age_seconds",
