@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
+from supervisor.ops.deletion_cost import NotInPod, PodRef, in_cluster
 
 DEFAULT_API_URL = "https://api.spooled.cloud"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -64,6 +65,7 @@ class Config:
     health_host: str = "127.0.0.1"
     health_port: int | None = None
     ready_api_silence: float = 60.0  # /readyz fails after this long without an API answer
+    k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
     queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
@@ -263,6 +265,9 @@ OPTIONS: tuple[Option, ...] = (
            "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
     Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, above=True), 60.0, "/readyz fails once "
            "the API has not answered for this many seconds (/healthz never looks at the API); default 60", "S"),
+    Option("--k8s-deletion-cost", "SPOOLED_K8S_DELETION_COST", parse_bool, False, "keep this pod's "
+           "pod-deletion-cost annotation current so scale-downs remove idle pods first (needs the deletion-cost "
+           "RBAC component); the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
     Option("--log-format", "SPOOLED_LOG_FORMAT", choice("auto", "json", "text"), "auto", "log lines as JSON or "
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
@@ -393,6 +398,12 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'], PATH_MAX)} is not a readable file")
     if values["transport"] == "grpc":
         _require_grpc()
+    k8s_pod = None
+    if values["k8s_deletion_cost"]:
+        try:
+            k8s_pod = in_cluster(environ)
+        except NotInPod as exc:
+            raise ConfigError(str(exc)) from None
     procs, procs_source = values["procs"], f"procs={values['procs']} from {sources['procs']}"
     if procs is None:
         procs, procs_source = granted_cpus()
@@ -411,7 +422,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         max_result_bytes=values["max_result_bytes"], api_timeout=float(values["api_timeout"]),
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
         health_host=values["health_host"], health_port=values["health_port"],
-        ready_api_silence=float(values["ready_api_silence"]), log_format=values["log_format"],
+        ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from supervisor.child.main import set_title
 from supervisor.config import Config
+from supervisor.ops.deletion_cost import PodAnnotator, deletion_cost
 from supervisor.ops.health import HealthServer
 from supervisor.ops.metrics import DaemonMetrics
 from supervisor.ops.notify import Notifier
@@ -21,6 +22,7 @@ class DaemonHooks(NullHooks):
         self.notifier = Notifier.from_env()
         self.notifier.unset_env()  # children must not inherit NOTIFY_SOCKET
         self.health: HealthServer | None = None
+        self.annotator = PodAnnotator(cfg.k8s_pod) if cfg.k8s_pod is not None else None
         self._snapshot = None
         self._status_text = ""
         self._status_sent_at = 0.0
@@ -33,10 +35,14 @@ class DaemonHooks(NullHooks):
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
                                        max_api_silence=self.cfg.ready_api_silence, drain=drain)
             self.health.start()
+        if self.annotator is not None:
+            self.annotator.start()
 
     def stop(self) -> None:
         if self.health is not None:
             self.health.stop()
+        if self.annotator is not None:
+            self.annotator.stop()
 
     # -- arbiter events --
     def job_finished(self, queue, outcome, duration):
@@ -79,3 +85,5 @@ class DaemonHooks(NullHooks):
             self.metrics.busy_children.set(snap.get("busy", 0))
             self.metrics.reserved.set(snap.get("reserved", 0))
             self.metrics.api_silence.set(snap.get("api_silence_secs", 0.0))
+            if self.annotator is not None:
+                self.annotator.offer(deletion_cost(snap))
