@@ -41,8 +41,8 @@ MIN_INTERVAL = 5.0  # seconds between two patches at least
 REQUEST_TIMEOUT = 10.0
 RETRY_CAP = 120.0
 PER_JOB = 1000  # cost of each running job; the oldest job's age in minutes (up to PER_JOB - 1) is added
-ROLE_HINT = ("apply the Role that lets this pod's service account get and patch pods in its namespace: "
-             "kubectl apply -k deploy/k8s/components/deletion-cost (or add the component to your kustomization)")
+ROLE_HINT = ("give this pod's service account a Role to get and patch pods in its namespace: add the kustomize "
+             "component deploy/k8s/components/deletion-cost (kubectl apply -k deploy/k8s-deletion-cost)")
 
 
 class NotInPod(Exception):
