@@ -87,6 +87,16 @@ def test_healthz_fails_only_on_a_stalled_loop(server, daemon):
         assert get(server, "/healthz").status_code == 200
 
 
+def test_healthz_fails_when_no_child_has_been_up_for_two_minutes(server, daemon):
+    daemon.snap["children_down_secs"] = 119.9  # e.g. a slow handler import at start: the startup probe's time
+    assert get(server, "/healthz").status_code == 200
+    daemon.snap["children_down_secs"] = 120.0
+    r = get(server, "/healthz")
+    assert r.status_code == 503 and "no child process has been up for 120.0s" in r.json()["reason"]
+    daemon.snap["draining"] = True  # a drain stops the children on purpose
+    assert get(server, "/healthz").status_code == 200
+
+
 def test_readyz(server, daemon):
     assert get(server, "/readyz").status_code == 200
     daemon.snap["draining"] = True

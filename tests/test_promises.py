@@ -235,7 +235,7 @@ def test_readyz_not_healthz_follows_the_api_silence_limit(monkeypatch, tmp_path)
         assert requests.get(base + "/healthz", timeout=5).status_code == 200
     finally:
         hooks.stop()
-    assert liveness({"loop_age_secs": 0.1, "api_age_secs": 1e9}, 10.0) is None
+    assert liveness({"loop_age_secs": 0.1, "api_age_secs": 1e9}, 10.0, 120.0) is None
 
 
 # ---------------------------------------------------------------- metrics from a real daemon

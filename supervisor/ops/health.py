@@ -40,12 +40,16 @@ def is_loopback_client(address: str) -> bool:
     return (mapped or ip).is_loopback
 
 
-def liveness(snap: dict, max_loop_age: float) -> str | None:
-    """None when live; else why not. Live means the main loop turns: it is what reaps, replaces and feeds
-    the children, so a turning loop supervises them. Nothing about the API: a restart cannot mend an outage."""
+def liveness(snap: dict, max_loop_age: float, max_children_down: float) -> str | None:
+    """None when live; else why not. Live means the main loop turns (it reaps, replaces and feeds the
+    children) and, unless draining, some child has been up within `max_children_down` seconds (the pool
+    can start them). Nothing about the API: a restart cannot mend an outage."""
     loop_age = snap.get("loop_age_secs")
     if loop_age is None or loop_age >= max_loop_age:
         return f"main loop has not turned for {loop_age}s (limit {max_loop_age}s)"
+    down = snap.get("children_down_secs")
+    if not snap.get("draining") and down is not None and down >= max_children_down:
+        return f"no child process has been up for {down}s (limit {max_children_down}s): children cannot start"
     return None
 
 
@@ -116,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/status":
                 return self._json(200, snap, head)
             if path == "/healthz":
-                reason = liveness(snap, health.max_loop_age)
+                reason = liveness(snap, health.max_loop_age, health.max_children_down)
             else:
                 reason = readiness(snap, health.max_api_silence)
             ages = {k: snap.get(k) for k in ("loop_age_secs", "api_age_secs", "registered", "draining")}
@@ -145,12 +149,14 @@ class HealthServer:
     """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, metrics: DaemonMetrics,
-                 max_loop_age: float = 10.0, max_api_silence: float = 60.0, drain: Callable[[], None] | None = None):
+                 max_loop_age: float = 10.0, max_api_silence: float = 60.0, drain: Callable[[], None] | None = None,
+                 max_children_down: float = 120.0):
         self.host = host
         self.requested_port = port
         self.snapshot = snapshot
         self.metrics = metrics
         self.max_loop_age = max_loop_age
+        self.max_children_down = max_children_down  # /healthz fails after this long with no child up
         self.max_api_silence = max_api_silence  # /readyz fails after this long without an API answer
         self.drain = drain  # called (on the server's thread) for POST /drain; None: no such route
         self._server: _Server | None = None

@@ -84,6 +84,7 @@ class Arbiter:
         self.loop_errors = 0  # turns in a row that raised
         self.loop_at = time.monotonic()  # when the loop last turned (read by /healthz)
         self.started_at = self.loop_at
+        self.children_up_at = self.loop_at  # when a child was last up (idle or busy), for /healthz
         self.signals: SimpleQueue = SimpleQueue()  # filled by signal handlers, emptied by the loop
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -167,6 +168,8 @@ class Arbiter:
         if self.exit_code is not None:
             return
         self.pool.converge(now, stopping_for_good=self.stopping_for_good())
+        if any(c.idle or c.busy for c in self.pool.children.values()):
+            self.children_up_at = now
         self.feed_children(now)
         self.check_drain(now)
         self.update_title(now)
@@ -466,6 +469,7 @@ class Arbiter:
             "loop_age_secs": round(now - self.loop_at, 3),
             "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
             "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
+            "children_down_secs": round(now - self.children_up_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
             "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(), "queues": self.jobs.by_queue(),
             "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
