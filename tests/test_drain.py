@@ -110,7 +110,8 @@ def test_the_daemon_logs_its_stop_budget_at_start(dev_server):
     d = Daemon(dev_server, "q-budget", procs=1, worker_id="w-budget",
                args=["--drain-timeout", "20", "--api-timeout", "2"]).start()
     try:
-        (line,) = d.wait_events("stop budget: the longest a stop takes; give the service manager more")
+        (line,) = d.wait_events("stop budget: a stop takes at most this long; give TimeoutStopSec or "
+                                "terminationGracePeriodSeconds more")
         # 20 s drain + 1 s kill grace (the test daemon's) + 2 deregister attempts of 2 s + 2 s slack
         assert line["stop_budget_secs"] == 27.0 and line["stop_budget_with_drain_request_secs"] == 30.0
     finally:

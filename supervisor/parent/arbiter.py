@@ -1,8 +1,9 @@
 """The parent process: one loop that routes between the child pool, the job flow and membership.
 
-Signal handlers only record the signal. Each turn the loop waits (select) on the children's
-sockets and sentinels, the API connections and one wake-up pipe (written by signal handlers and
-the name-resolving helper thread) for at most the earliest deadline any part offers, then in
+Signal handlers only record the signal, and the health port's thread records a drain request the
+same way. Each turn the loop waits (select) on the children's sockets and sentinels, the API
+connections and one wake-up pipe (written by signal handlers, drain requests and the
+name-resolving helper thread) for at most the earliest deadline any part offers, then in
 order: reads children, reaps the dead, acts on signals, takes API answers, enforces deadlines
 (job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands waiting jobs
 to idle children, claims for the idle ones left, and checks the drain.
@@ -116,7 +117,8 @@ class Arbiter:
                   api_url=self.cfg.api_url, prefetch="auto" if self.cfg.prefetch is None else self.cfg.prefetch,
                   max_rps=self.cfg.max_rps, version=__version__)
         budget = stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout)
-        log_event(log, INFO, "stop budget: the longest a stop takes; give the service manager more", **budget.fields(),
+        log_event(log, INFO, "stop budget: a stop takes at most this long; give TimeoutStopSec or "
+                             "terminationGracePeriodSeconds more", **budget.fields(),
                   stop_budget_with_drain_request_secs=round(stop_budget(
                       self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout, drain_request=True).total, 1))
         self.pool.converge(time.monotonic(), stopping_for_good=False)
@@ -287,7 +289,8 @@ class Arbiter:
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
-        """Act on the signals recorded since the last turn, by name: handle_SIGTERM and so on."""
+        """Act on the signals (and drain requests) recorded since the last turn, by name: handle_SIGTERM,
+        handle_DRAIN and so on."""
         while not self.signals.empty():
             item = self.signals.get_nowait()
             getattr(self, f"handle_{item if isinstance(item, str) else signal.Signals(item).name}")(now)
