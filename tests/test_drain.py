@@ -4,6 +4,7 @@ the jobs still running go back at once instead of waiting out their lease. And P
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from collections import Counter
 
 import pytest
 import requests
-from conftest import ROOT, Daemon, DevServer, free_port, parse_ts, wait_until
+from conftest import ROOT, Daemon, DevServer, free_port, own, parse_ts, wait_until
 
 from supervisor.ops.health import HealthServer, is_loopback_client
 from supervisor.ops.metrics import DaemonMetrics
@@ -117,3 +118,31 @@ def test_the_daemon_logs_its_stop_budget_at_start(dev_server):
     finally:
         d.stop()
     wait_until(lambda: d.proc.poll() is not None, timeout=10, what="the daemon gone")
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_during_a_requested_drain_stops_at_once_and_hands_the_job_back(tmp_path):
+    """The preStop hook ran out of time (or was cut short): the stop signal that follows does not wait out the
+    drain timeout, it stops the children and deregisters, so the job is back in the queue at once."""
+    server = DevServer(str(tmp_path / "dev.db")).start()
+    port = free_port()
+    d = Daemon(server, "q-cut", procs=1, worker_id="w-cut",
+               args=["--health-port", str(port), "--drain-timeout", "120", "--lease", "300"]).start()
+    try:
+        d.wait_ready()
+        job = server.enqueue("q-cut", {"do": "sleep", "secs": 120})
+        d.busy_child(job)
+        hook = own(subprocess.Popen([sys.executable, "-m", "supervisor", "drain", "--port", str(port)], cwd=ROOT,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        d.wait_events("drain requested: no more claims or starts; reserved jobs go back to the queue when the "
+                      "running ones are done")
+        stopped_at = time.monotonic()
+        d.signal(signal.SIGTERM)
+        assert d.wait(15) == 0
+        assert time.monotonic() - stopped_at < 10  # the kill grace and the deregister, not the 120 s drain
+        got = server.job(job)
+        assert (got["status"], got["assigned_worker_id"], got["retry_count"]) == ("pending", None, 0)
+        assert hook.wait(15) == 0  # the hook sees the daemon gone
+    finally:
+        d.stop()
+        server.stop()
