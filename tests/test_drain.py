@@ -84,6 +84,9 @@ def test_drain_without_a_port_or_a_daemon_says_so():
     bad = subprocess.run([sys.executable, "-m", "supervisor", "drain", "--port", "1"], cwd=ROOT, capture_output=True,
                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "SPOOLED_DRAIN_TIMEOUT": "soon"})
     assert bad.returncode == 2 and bad.stderr.startswith("error: SPOOLED_DRAIN_TIMEOUT must be")
+    flag = subprocess.run([sys.executable, "-m", "supervisor", "drain", "--port", "eighty"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert flag.returncode == 2 and len(flag.stderr.strip().splitlines()) == 1 and "--port" in flag.stderr
 
 
 def test_post_drain_calls_the_daemon_once_and_only_from_loopback():

@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
+from typing import NoReturn
 
 import requests
 
@@ -26,8 +27,16 @@ from supervisor.ops.budget import DRAIN_REQUEST_TIMEOUT, stop_budget
 POLL_EVERY = 0.5
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"error: {message} (see python -m supervisor drain --help)\n")
+        raise SystemExit(2)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m supervisor drain",
+    parser = _Parser(prog="python -m supervisor drain",
                                      description="Drain the local supervisor through its health port and wait "
                                                  "until it has exited (e.g. as a pod's preStop hook).")
     parser.add_argument("--port", type=int, default=None, help="the daemon's --health-port (env SPOOLED_HEALTH_PORT)")
