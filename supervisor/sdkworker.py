@@ -80,13 +80,13 @@ def report(spec: str, facts: dict, queue_given: bool) -> list[tuple[str, dict]]:
     """The start-up report on an SDK worker as (message, fields) lines: what was taken, what was ignored
     (and what sets it here), and the event hooks that do not run."""
     kind, queue = facts.get("worker") or "SpooledWorker", facts.get("queue_name")
-    ignored = {name: f"{value} (here: {SETTING_HOMES.get(name, 'not used')})"
+    ignored = {name: f"{value} -> {SETTING_HOMES.get(name, 'not used')}"
                for name, value in (facts.get("settings") or {}).items()}
     if queue_given and queue:
-        ignored["queue_name"] = f"{queue!r} (here: --queue)"
+        ignored["queue_name"] = f"{queue!r} -> --queue"
     taken = {} if queue_given or not queue else {"queue_name": queue}
-    text = (f"handler {spec} comes from a {kind}: its @process function runs in the daemon's children; "
-            "start() is never called")
+    text = (f"handler {spec}: the {kind}'s @process function runs in the daemon's children; its start() is "
+            "never called")
     lines: list[tuple[str, dict]] = [(text, {"taken": taken, "ignored": ignored})]
     hooks = facts.get("hooks") or []
     if hooks:
