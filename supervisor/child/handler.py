@@ -272,11 +272,13 @@ def _log_call(args: tuple, kwargs: dict) -> tuple[int, str, dict]:
 
 
 def _bounded(percent: Any) -> Any:
+    """`percent` clamped to 0-100 (NaN counts as 0); what is not a number is kept as it is."""
+    if isinstance(percent, float) and math.isnan(percent):
+        return 0
     try:
-        value = max(0, min(100, percent))
+        return max(0, min(100, percent))
     except TypeError:
         return percent
-    return 0 if isinstance(value, float) and math.isnan(value) else value
 
 
 @dataclass
