@@ -77,19 +77,21 @@ def find_owner(module: Any, fn: Any) -> tuple[str, Any] | None:
 
 
 def report(spec: str, facts: dict, queue_given: bool) -> list[tuple[str, dict]]:
-    """The start-up report on an SDK worker as (message, fields) lines: what was taken, what was ignored
-    (and what sets it here), and the event hooks that do not run."""
-    kind, queue = facts.get("worker") or "SpooledWorker", facts.get("queue_name")
-    ignored = {name: f"{value} -> {SETTING_HOMES.get(name, 'not used')}"
-               for name, value in (facts.get("settings") or {}).items()}
-    if queue_given and queue:
-        ignored["queue_name"] = f"{queue!r} -> --queue"
-    taken = {} if queue_given or not queue else {"queue_name": queue}
-    text = (f"handler {spec}: the {kind}'s @process function runs in the daemon's children; its start() is "
-            "never called")
-    lines: list[tuple[str, dict]] = [(text, {"taken": taken, "ignored": ignored})]
-    hooks = facts.get("hooks") or []
-    if hooks:
-        lines.append((f"the {kind}'s event hooks (worker.on) are not run under the daemon",
-                      {"hooks": hooks}))
+    """The start-up report on the handler's SDK worker as (message, fields) lines: what was taken, what was
+    ignored (and what sets it here), a start() the module called, and the event hooks that do not run."""
+    lines: list[tuple[str, dict]] = []
+    kind, queue = facts.get("worker"), facts.get("queue_name")
+    if kind:
+        ignored = {name: f"{value} -> {SETTING_HOMES.get(name, 'not used')}"
+                   for name, value in (facts.get("settings") or {}).items()}
+        if queue_given and queue:
+            ignored["queue_name"] = f"{queue!r} -> --queue"
+        taken = {} if queue_given or not queue else {"queue_name": queue}
+        lines.append((f"handler {spec}: the {kind}'s @process function runs in the daemon's children; its "
+                      "start() is never called", {"taken": taken, "ignored": ignored}))
+    for called in facts.get("start_called") or []:
+        lines.append((f"the handler's module called {called}.start(); it did nothing: the daemon runs the "
+                      "@process function itself", {"worker": called}))
+    if facts.get("hooks"):
+        lines.append((f"the {kind}'s event hooks (worker.on) are not run under the daemon", {"hooks": facts["hooks"]}))
     return lines

@@ -106,7 +106,10 @@ def load_handler(spec: str) -> Handler:
     obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part)
-    return _as_handler(spec, module, obj)
+    handler = _as_handler(spec, module, obj)
+    if _start_called:
+        handler.about["start_called"] = list(_start_called)
+    return handler
 
 
 def _as_handler(spec: str, module: Any, obj: Any) -> Handler:
@@ -155,17 +158,12 @@ def watch_key_reads() -> Iterator[list[str]]:
 # ---------------------------------------------------------------- the SDK worker's start() never runs here
 
 _GUARDED = {"spooled.worker.worker": "SpooledWorker", "spooled.worker.async_worker": "AsyncSpooledWorker"}
-_start_called = False
+_start_called: list[str] = []  # the SDK worker kinds whose start() was called (and did nothing)
 
 
 def _report_start(kind: str) -> None:
-    global _start_called
-    if not _start_called:
-        _start_called = True
-        _ensure_child_logging()
-        logging.getLogger("supervisor.child").warning(
-            f"the handler's module called {kind}.start(); not run: the daemon runs the @process function itself",
-            extra={"fields": {"worker": kind}})
+    if kind not in _start_called:
+        _start_called.append(kind)
 
 
 def _disable_start(cls: Any) -> None:
