@@ -15,8 +15,8 @@ SHARE_HINT = ("the handler's module reads SPOOLED_API_KEY, which children get on
 
 
 def start(server, queue: str, handler: str, *, with_queue: bool = True, args: list[str] | None = None,
-          env: dict | None = None, started: list | None = None) -> Daemon:
-    d = Daemon(server, queue, handler=handler, procs=1, worker_id=f"w-{queue}", args=args, env=env)
+          env: dict | None = None, started: list | None = None, procs: int = 1) -> Daemon:
+    d = Daemon(server, queue, handler=handler, procs=procs, worker_id=f"w-{queue}", args=args, env=env)
     if not with_queue:
         at = d.cmd.index("--queue")
         del d.cmd[at:at + 2]
@@ -74,8 +74,9 @@ def test_the_function_form_runs_with_the_sdk_context_and_creates_a_follow_up_job
 
 def test_the_worker_form_takes_its_queue_reports_what_it_ignored_and_never_starts_it(dev_server, daemons):
     job = dev_server.enqueue("sdk-obj", {"width": 8})
-    d = start(dev_server, "sdk-obj", "tests.sdk_app:worker", with_queue=False, started=daemons,
+    d = start(dev_server, "sdk-obj", "tests.sdk_app:worker", with_queue=False, started=daemons, procs=2,
               args=["--share-api-key"], env={"SDK_APP_QUEUE": "sdk-obj"})
+    d.wait_ready()  # both children up: the report below was still made once
     (starting,) = d.wait_events("supervisor starting")
     assert (starting["queue"], starting["queue_from"]) == ("sdk-obj", "tests.sdk_app:worker")
     (done,) = wait_for_status(dev_server, [job])
@@ -145,3 +146,14 @@ def test_no_queue_and_a_plain_function_exits_2_in_one_line(dev_server, daemons):
     (line,) = [t for t in d.out.lines if t.strip()]
     assert line == ("error: --queue is required (or set SPOOLED_QUEUE): supervisor.demo_handlers:misbehave is not "
                     "a SpooledWorker's handler, so it names no queue")
+
+
+def test_a_shared_key_in_a_job_error_or_log_line_is_scrubbed(dev_server, daemons):
+    job = dev_server.enqueue("sdk-leak", {}, max_retries=0)
+    d = start(dev_server, "sdk-leak", "tests.sdk_app_leaky:handle_job", started=daemons, args=["--share-api-key"])
+    (failed,) = wait_for_status(dev_server, [job], statuses=("deadletter", "failed"))
+    assert "refused with key ***" in failed["last_error"] and dev_server.api_key not in failed["last_error"]
+    (line,) = wait_until(lambda: job_lines(d, "about to leak"), what="the handler's log line")
+    assert line["key"] == "***"
+    d.stop()
+    assert dev_server.api_key not in d.out.text()
