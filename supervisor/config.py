@@ -227,7 +227,7 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--queue", "SPOOLED_QUEUE", parse_queues, None, "queue(s) to claim jobs from; several as a,b,c are "
-           "served in that priority order", "Q[,Q...]"),
+           "served in that priority order; default: the queue_name of the handler's SDK worker", "Q[,Q...]"),
     Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function (or an "
            "SDK SpooledWorker, whose queue stands in for --queue); it receives a context with job_id, payload, ...",
            "MOD:FN"),

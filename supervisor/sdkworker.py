@@ -76,17 +76,18 @@ def find_owner(module: Any, fn: Any) -> tuple[str, Any] | None:
     return None
 
 
-def report(spec: str, facts: dict, queue_given: bool) -> list[tuple[str, dict]]:
+def report(spec: str, facts: dict, given_queues: tuple[str, ...] | None) -> list[tuple[str, dict]]:
     """The start-up report on the handler's SDK worker as (message, fields) lines: what was taken, what was
-    ignored (and what sets it here), a start() the module called, and the event hooks that do not run."""
+    ignored (and what sets it here), a start() the module called, and the event hooks that do not run.
+    `given_queues` is what --queue named, or None when the queue was taken from the worker."""
     lines: list[tuple[str, dict]] = []
     kind, queue = facts.get("worker"), facts.get("queue_name")
     if kind:
         ignored = {name: f"{value} -> {SETTING_HOMES.get(name, 'not used')}"
                    for name, value in (facts.get("settings") or {}).items()}
-        if queue_given and queue:
+        if given_queues is not None and queue and queue not in given_queues:
             ignored["queue_name"] = f"{queue!r} -> --queue"
-        taken = {} if queue_given or not queue else {"queue_name": queue}
+        taken = {"queue_name": queue} if given_queues is None and queue else {}
         lines.append((f"handler {spec}: the {kind}'s @process function runs in the daemon's children; its "
                       "start() is never called", {"taken": taken, "ignored": ignored}))
     for called in facts.get("start_called") or []:

@@ -146,13 +146,15 @@ def test_a_spooled_worker_hands_over_its_registered_function_and_its_facts():
     assert handler.fn is handle_job and handler.is_async is False
     assert handler.about == {"worker": "SpooledWorker", "queue_name": "thumbs",
                              "settings": {"concurrency": "10", "lease_duration": "45"}, "hooks": ["job:completed"]}
-    taken, hooks = sdkworker.report("app:worker", handler.about, queue_given=False)
+    taken, hooks = sdkworker.report("app:worker", handler.about, None)
     assert taken[1]["taken"] == {"queue_name": "thumbs"}
     assert taken[1]["ignored"] == {"concurrency": "10 -> --procs (processes, not threads)",
                                    "lease_duration": "45 -> --lease"}
     assert hooks[1] == {"hooks": ["job:completed"]} and "not run" in hooks[0]
-    (given,) = sdkworker.report("app:worker", {**handler.about, "hooks": []}, queue_given=True)
+    (given,) = sdkworker.report("app:worker", {**handler.about, "hooks": []}, ("other",))
     assert given[1]["taken"] == {} and given[1]["ignored"]["queue_name"] == "'thumbs' -> --queue"
+    (same,) = sdkworker.report("app:worker", {**handler.about, "hooks": []}, ("thumbs", "other"))
+    assert same[1]["taken"] == {} and "queue_name" not in same[1]["ignored"]
 
 
 def test_the_function_a_worker_registered_brings_the_workers_facts_along():

@@ -18,6 +18,7 @@ from supervisor.child.main import BOOT_ERROR_EXIT, boot_error_text
 
 def main(argv: list[str]) -> int:
     spec, fd = argv[0], int(argv[1])
+    os.set_inheritable(fd, False)  # nothing the handler's module starts may hold the daemon's read open
     answer: dict[str, object]
     try:
         handler = load_handler(spec)

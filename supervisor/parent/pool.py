@@ -241,7 +241,8 @@ class ChildPool:
 
     def _report_handler(self, about: dict) -> None:
         """Once, from the first child up: what was taken from the handler's SDK worker and what was not."""
-        for text, fields in sdkworker.report(self.cfg.handler, about, queue_given=not self.cfg.queue_source):
+        given = None if self.cfg.queue_source else self.cfg.queues
+        for text, fields in sdkworker.report(self.cfg.handler, about, given):
             log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
 
     def _done(self, child: Child, msg: dict) -> JobDone:
