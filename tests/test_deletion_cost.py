@@ -231,14 +231,14 @@ def test_the_figure_and_when_to_send_it():
     assert deletion_cost(busy) == 2 * PER_JOB + 10  # two jobs, the oldest ten minutes old
     assert deletion_cost({"children": [{"state": "busy", "job_runtime_secs": 1e9}]}) == 2 * PER_JOB - 1
     policy = CostPolicy(min_interval=5.0)
-    assert policy.due(0, 100.0) and not policy.due(None, 100.0)
+    assert policy.wait(0, 100.0) == 0.0 and policy.wait(None, 100.0) is None  # nothing offered yet
     policy.succeeded(0, 100.0)
-    assert not policy.due(0, 200.0)  # unchanged
-    assert not policy.due(1000, 104.9) and policy.due(1000, 105.0)  # at most every 5 s
+    assert policy.wait(0, 200.0) is None  # unchanged: nothing to send
+    assert policy.wait(1000, 104.0) == pytest.approx(1.0) and policy.wait(1000, 105.0) == 0.0  # at most every 5 s
     policy.failed(105.0)
-    assert not policy.due(1000, 109.9) and policy.wait(1000, 105.0) >= 5.0
+    assert policy.wait(1000, 105.0) >= 5.0  # back-off, never shorter than the interval
     policy.forbid()
-    assert not policy.due(1000, 1e9) and policy.wait(1000, 1e9) is None
+    assert policy.wait(1000, 1e9) is None
 
 
 def run_daemon_config(env: dict) -> subprocess.CompletedProcess:

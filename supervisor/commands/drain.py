@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from typing import NoReturn
 
 import requests
 
-from supervisor.config import OPTION_BY_DEST, _shown
+from supervisor.config import OPTION_BY_DEST
 from supervisor.ops.budget import DRAIN_REQUEST_TIMEOUT, stop_budget
 
 POLL_EVERY = 0.5
@@ -56,7 +57,7 @@ def setting(dest: str, environ: Mapping[str, str]) -> float:
     try:
         return float(opt.parse(raw))
     except ValueError as exc:
-        raise ValueError(f"{opt.env} {exc}, got {_shown(raw)}") from None
+        raise ValueError(f"{opt.env} {exc}, got {shlex.quote(raw[:80])}") from None
 
 
 def default_wait(environ: Mapping[str, str]) -> float:

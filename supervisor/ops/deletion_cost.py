@@ -110,9 +110,6 @@ class CostPolicy:
         self.failures = 0  # failed patches in a row
         self.off = False
 
-    def due(self, cost: int | None, now: float) -> bool:
-        return not self.off and cost is not None and cost != self.sent and now >= self.next_at
-
     def wait(self, cost: int | None, now: float) -> float | None:
         """Seconds until `cost` may be sent (None: nothing to send)."""
         if self.off or cost is None or cost == self.sent:
