@@ -11,6 +11,7 @@ from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
+EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while draining
 
 
 class DaemonHooks(NullHooks):
@@ -26,6 +27,7 @@ class DaemonHooks(NullHooks):
         self._status_text = ""
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
+        self._extended_at: float | None = None
 
     def start(self, snapshot) -> None:
         self._snapshot = snapshot
@@ -58,8 +60,17 @@ class DaemonHooks(NullHooks):
     def ready(self, status):
         self.notifier.ready(status)
 
+    def reloading(self, now):
+        self.notifier.reloading(now)
+
     def stopping(self):
         self.notifier.stopping()
+
+    def draining(self, now, seconds_left):
+        """Keep systemd's stop timeout (TimeoutStopSec) from firing before the drain and the stop can end."""
+        if self._extended_at is None or now - self._extended_at >= EXTEND_EVERY:
+            self._extended_at = now
+            self.notifier.extend_timeout(seconds_left)
 
     def status(self, text):
         set_title(text)
