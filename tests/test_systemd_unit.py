@@ -20,11 +20,13 @@ from pathlib import Path
 import pytest
 from systemd_box import SystemdBox
 
+from supervisor import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 UNIT = ROOT / "systemd" / "spooled-supervisor.service"
 TEMPLATE = ROOT / "systemd" / "spooled-supervisor@.service"
 VENV = "/opt/spooled-supervisor/venv"  # where the units run the daemon from, as the install steps make it
-CHECKOUT = "/opt/spooled-supervisor/checkout"  # this checkout, bound there inside the box
+DEPENDENCIES = "/opt/spooled-test-dependencies"  # this test venv's packages, bound there inside the box
 PY = sys.executable  # the dev server's interpreter (it runs as root, outside any sandbox)
 KEY = "sp_test_" + uuid.uuid4().hex
 API_URL = "http://127.0.0.1:8787"  # the box's own loopback: no port is shared with the host
@@ -58,16 +60,19 @@ Environment=PYTHONDONTWRITEBYTECODE=1
 
 
 def install(box: SystemdBox) -> None:
-    """The install steps, offline: a venv at the units' path whose packages are this checkout and its venv's
-    dependencies (a .pth file instead of `pip install`, which would need the network), the key, the units."""
-    site = Path(sysconfig.get_paths()["purelib"]).resolve()
-    assert site.is_relative_to(ROOT), "the test venv lives inside the checkout"
-    box.run("mkdir", "-p", CHECKOUT)
-    box.run("mount", "--bind", "-o", "ro", str(ROOT), CHECKOUT)  # readable even where /root or /home is hidden
+    """The documented install, offline: a wheel built from this checkout, installed into a venv at the path the
+    units name; its dependencies come from this test venv (bound read-only, named in a .pth file) because the
+    box has no network. Then the key and the units, as shipped."""
+    box.run(PY, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+            "--wheel-dir", "/tmp/wheels", str(ROOT), timeout=240)  # the box's overlay takes its build files
+    (wheel,) = box.run("ls", "/tmp/wheels").stdout.split()
     box.run(BOX_PYTHON, "-m", "venv", "--without-pip", VENV)
+    box.run(PY, "-m", "pip", "--python", f"{VENV}/bin/python", "install", "--quiet", "--no-deps", "--no-index",
+            f"/tmp/wheels/{wheel}", timeout=120)
+    box.run("mkdir", "-p", DEPENDENCIES)
+    box.run("mount", "--bind", "-o", "ro", sysconfig.get_paths()["purelib"], DEPENDENCIES)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    box.write(f"{VENV}/lib/{version}/site-packages/checkout.pth",
-              f"{CHECKOUT}\n{CHECKOUT}/{site.relative_to(ROOT)}\n")
+    box.write(f"{VENV}/lib/{version}/site-packages/dependencies.pth", f"{DEPENDENCIES}\n")
     box.write("/etc/spooled-supervisor/api-key", KEY + "\n", mode="0600")
     box.write(f"/etc/systemd/system/{UNIT.name}", UNIT.read_text())  # as shipped
     box.write(f"/etc/systemd/system/{TEMPLATE.name}", TEMPLATE.read_text())
@@ -179,6 +184,8 @@ def test_start_reaches_active_through_ready_and_only_the_parent_gets_the_key(box
         main = int(state["MainPID"])
         uid = box.run("stat", "-c", "%u", f"/proc/{main}").stdout.strip()
         assert uid != "0"  # DynamicUser
+        installed = box.run(f"{VENV}/bin/spooled-supervisor", "--version").stdout
+        assert installed == f"spooled-supervisor {cli.version()}\n"  # the wheel's console script
         kids = wait_for("two children", lambda: (lambda c: c if len(c) == 2 else None)(children(box, SERVICE)), 30)
         for pid in unit_processes(box, SERVICE):
             environ = box.run("cat", f"/proc/{pid}/environ", check=False).stdout
