@@ -61,17 +61,30 @@ def test_extend_timeout_in_microseconds_never_negative(listener):
     n.close()
 
 
-@pytest.mark.timeout(20)
-def test_draining_extends_the_stop_timeout_every_few_seconds(listener, monkeypatch):
-    """The hook sends the time the stop may still take, at most once per EXTEND_EVERY."""
-    path, sock = listener
-    monkeypatch.setenv("NOTIFY_SOCKET", path)
-    daemon_hooks = hooks_module.DaemonHooks(load_config(["--queue", "q", "--handler", "supervisor.demo_handlers:noop"],
-                                                          {"SPOOLED_API_KEY": "sp_test_0123456789abcdef"}))
+@pytest.fixture
+def daemon_hooks(listener, monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", listener[0])
+    hooks = hooks_module.DaemonHooks(load_config(["--queue", "q", "--handler", "supervisor.demo_handlers:noop"],
+                                                 {"SPOOLED_API_KEY": "sp_test_0123456789abcdef"}))
     assert "NOTIFY_SOCKET" not in os.environ  # children never inherit it
+    yield hooks
+    hooks.notifier.close()
+
+
+@pytest.mark.timeout(20)
+def test_extensions_are_sent_every_few_seconds(listener, daemon_hooks):
+    """A drain: the same end each time (the time left shrinks), re-sent once per EXTEND_EVERY."""
     every = hooks_module.EXTEND_EVERY
-    daemon_hooks.draining(100.0, 40.0)
-    daemon_hooks.draining(100.0 + every / 2, 40.0 - every / 2)  # too soon: not sent
-    daemon_hooks.draining(100.0 + every, 40.0 - every)
-    assert pending(sock) == ["EXTEND_TIMEOUT_USEC=40000000", f"EXTEND_TIMEOUT_USEC={int((40.0 - every) * 1e6)}"]
-    daemon_hooks.notifier.close()
+    daemon_hooks.extend_timeout(100.0, 40.0)
+    daemon_hooks.extend_timeout(100.0 + every / 2, 40.0 - every / 2)  # too soon: not sent
+    daemon_hooks.extend_timeout(100.0 + every, 40.0 - every)
+    assert pending(listener[1]) == ["EXTEND_TIMEOUT_USEC=40000000", f"EXTEND_TIMEOUT_USEC={int((40.0 - every) * 1e6)}"]
+
+
+@pytest.mark.timeout(20)
+def test_an_end_much_later_than_promised_is_sent_at_once(listener, daemon_hooks):
+    """A reload's short window, then a drain that needs far longer: the drain's is not held back."""
+    daemon_hooks.extend_timeout(100.0, 30.0)
+    daemon_hooks.extend_timeout(101.0, 30.0)  # the end moved 1 s: waits for its turn
+    daemon_hooks.extend_timeout(102.0, 45.0)  # the end moved 17 s: sent now
+    assert pending(listener[1]) == ["EXTEND_TIMEOUT_USEC=30000000", "EXTEND_TIMEOUT_USEC=45000000"]

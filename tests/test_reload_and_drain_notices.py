@@ -1,7 +1,7 @@
 """In-process: when the arbiter tells systemd a reload began and ended, and how long a drain may still take.
 
 A reload ends once every child was started after the SIGHUP (a busy child is replaced after its job);
-a drain tells the hooks, every turn, the time left until it must be over plus what stopping then takes.
+meanwhile, and while draining, the hooks hear every turn how much longer it may take (for systemd's timeouts).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from test_parent_arbiter import T0
 from test_parent_arbiter import Rig as ArbiterRig
 from test_parent_pool import Rig as PoolRig
 
-from supervisor.parent.arbiter import DEREGISTER_TIMEOUT, REAP_AFTER_KILL, Phase
+from supervisor.parent.arbiter import DEREGISTER_TIMEOUT, REAP_AFTER_KILL, RELOAD_EXTEND, Phase
 
 
 @pytest.fixture
 def rig(monkeypatch):
     r = ArbiterRig(monkeypatch)
-    for name in ("reloading", "draining"):
+    for name in ("reloading", "extend_timeout"):
         monkeypatch.setattr(r.hooks, name, lambda *args, name=name: r.hooks.events.append((name, *args)),
                             raising=False)
     try:
@@ -61,6 +61,7 @@ def test_sighup_after_ready_announces_reloading_and_ready_once_the_children_are_
     assert "reloading" in rig.arb.status_line()
     rig.arb.check_reload(T0 + 2)
     assert len(rig.hooks.named("ready")) == 1  # children not all new yet
+    assert rig.hooks.named("extend_timeout") == [("extend_timeout", T0 + 2, RELOAD_EXTEND)]  # systemd: keep waiting
     new_since.append(T0 + 1)
     rig.arb.check_reload(T0 + 3)
     assert len(rig.hooks.named("ready")) == 2 and rig.arb.reload_began is None
@@ -103,4 +104,4 @@ def test_a_drain_reports_the_time_the_stop_may_still_take(rig):
     cfg = rig.arb.cfg
     after = cfg.kill_grace + REAP_AFTER_KILL + 2 * DEREGISTER_TIMEOUT
     assert rig.arb.stop_after_drain() == after
-    assert rig.hooks.named("draining") == [("draining", T0 + 4, cfg.drain_timeout - 3 + after)]
+    assert rig.hooks.named("extend_timeout") == [("extend_timeout", T0 + 4, cfg.drain_timeout - 3 + after)]

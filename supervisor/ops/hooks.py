@@ -11,7 +11,7 @@ from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
-EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while draining
+EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while reloading or draining
 
 
 class DaemonHooks(NullHooks):
@@ -28,6 +28,7 @@ class DaemonHooks(NullHooks):
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
         self._extended_at: float | None = None
+        self._extended_until = 0.0
 
     def start(self, snapshot) -> None:
         self._snapshot = snapshot
@@ -66,11 +67,13 @@ class DaemonHooks(NullHooks):
     def stopping(self):
         self.notifier.stopping()
 
-    def draining(self, now, seconds_left):
-        """Keep systemd's stop timeout (TimeoutStopSec) from firing before the drain and the stop can end."""
-        if self._extended_at is None or now - self._extended_at >= EXTEND_EVERY:
-            self._extended_at = now
-            self.notifier.extend_timeout(seconds_left)
+    def extend_timeout(self, now, seconds):
+        """Keep systemd's reload or stop timeout from firing while the daemon is still at it: EXTEND_TIMEOUT_USEC
+        every EXTEND_EVERY, or at once when the end moves later by more than that (a drain after a reload)."""
+        due = self._extended_at is None or now - self._extended_at >= EXTEND_EVERY
+        if due or now + seconds > self._extended_until + EXTEND_EVERY:
+            self._extended_at, self._extended_until = now, now + seconds
+            self.notifier.extend_timeout(seconds)
 
     def status(self, text):
         set_title(text)

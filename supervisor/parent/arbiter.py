@@ -54,6 +54,7 @@ log = logging.getLogger("supervisor")
 TITLE_EVERY = 0.2
 DEREGISTER_TIMEOUT = 5.0
 REAP_AFTER_KILL = 2.0  # seconds the pool's shutdown waits for a SIGKILLed child
+RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn does not spin a core
@@ -310,6 +311,8 @@ class Arbiter:
             self.reload_began = None
             log_event(log, INFO, "reload complete: every child runs the reloaded handler", reload=self.reloads)
             self.hooks.ready(self.status_line())
+        else:  # a busy child is replaced once its job ends, however long that takes
+            self.hooks.extend_timeout(now, RELOAD_EXTEND)
 
     def handle_SIGTTIN(self, now: float) -> None:
         log_event(log, INFO, "SIGTTIN: one more child", procs=self.pool.resize(+1))
@@ -355,7 +358,7 @@ class Arbiter:
         if self.phase is not Phase.DRAINING:
             return
         if self.drain_deadline is not None:
-            self.hooks.draining(now, self.drain_deadline - now + self.stop_after_drain())
+            self.hooks.extend_timeout(now, self.drain_deadline - now + self.stop_after_drain())
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
             self.finish(self.drain_code)
