@@ -70,6 +70,16 @@ def test_sighup_after_ready_announces_reloading_and_ready_once_the_children_are_
     assert len(rig.hooks.named("ready")) == 2  # once per reload
 
 
+def test_a_reload_whose_children_fail_to_start_stops_asking_for_time(rig, monkeypatch):
+    """New code that does not import: systemd's reload timeout is left to run out, so the reload fails."""
+    rig.running()
+    monkeypatch.setattr(rig.arb.pool, "all_up_since", lambda since: False)
+    monkeypatch.setattr(rig.arb.pool, "degraded", lambda now: True)
+    rig.signal(signal.SIGHUP, now=T0 + 1)
+    rig.arb.check_reload(T0 + 2)
+    assert rig.hooks.named("extend_timeout") == [] and rig.arb.reload_began == T0 + 1
+
+
 def test_a_second_sighup_restarts_the_wait(rig, monkeypatch):
     rig.running()
     monkeypatch.setattr(rig.arb.pool, "all_up_since", lambda since: since <= T0 + 1)  # new since the first only

@@ -311,8 +311,8 @@ class Arbiter:
             self.reload_began = None
             log_event(log, INFO, "reload complete: every child runs the reloaded handler", reload=self.reloads)
             self.hooks.ready(self.status_line())
-        else:  # a busy child is replaced once its job ends, however long that takes
-            self.hooks.extend_timeout(now, RELOAD_EXTEND)
+        elif not self.pool.degraded(now):  # a busy child is replaced once its job ends, however long that takes
+            self.hooks.extend_timeout(now, RELOAD_EXTEND)  # (but new code that fails to start lets systemd time out)
 
     def handle_SIGTTIN(self, now: float) -> None:
         log_event(log, INFO, "SIGTTIN: one more child", procs=self.pool.resize(+1))
