@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 SYSTEMD = Path("/lib/systemd/systemd")
+# Commands inside get this environment, not the caller's (no coverage hooks, no test settings leaking in).
+ENVIRONMENT = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 TOOLS = ("unshare", "nsenter", "setpriv", "mount")
 
 # Runs as PID 1's parent-to-be inside the new namespaces: builds the root, pivots into it, execs systemd.
@@ -114,8 +116,9 @@ class SystemdBox:
         log = open(self.dir / "launch.log", "wb")
         # The launcher moves itself into the box's cgroup, then becomes unshare; systemd is its only child.
         self.launcher = subprocess.Popen(
-            ["bash", "-c", 'echo $$ > "$1/cgroup.procs" && exec unshare --pid --fork --mount --uts --ipc --net '
-             '--cgroup --propagation private bash "$2/inner.sh" "$2"', "launcher", str(self.cgroup), str(self.dir)],
+            ["bash", "-c", 'echo $$ > "$1/cgroup.procs" && exec unshare --pid --fork --kill-child --mount --uts '
+             '--ipc --net --cgroup --propagation private bash "$2/inner.sh" "$2"', "launcher", str(self.cgroup),
+             str(self.dir)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout
@@ -155,7 +158,7 @@ class SystemdBox:
         """Run `cmd` inside the box as root (all its namespaces); raise on a non-zero exit when `check`."""
         assert self.pid is not None, "start the box first"
         out = subprocess.run(["nsenter", "-t", str(self.pid), "-a", *cmd], capture_output=True, text=True,
-                             timeout=timeout, input=input)
+                             timeout=timeout, input=input, env=ENVIRONMENT)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
         return out
@@ -164,7 +167,7 @@ class SystemdBox:
         """Start `cmd` inside the box without waiting for it (text output in .stdout and .stderr)."""
         assert self.pid is not None, "start the box first"
         return subprocess.Popen(["nsenter", "-t", str(self.pid), "-a", *cmd], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, env=ENVIRONMENT)
 
     def write(self, path: str, text: str, mode: str = "0644") -> None:
         """Create the file `path` inside the box (parents too) with `text`."""
@@ -180,12 +183,23 @@ class SystemdBox:
                     pass
             try:
                 self.launcher.wait(timeout)
-            except subprocess.TimeoutExpired:
-                if self.pid is not None:
-                    os.kill(self.pid, signal.SIGKILL)
+            except subprocess.TimeoutExpired:  # unshare --kill-child takes systemd, and so the box, with it
+                os.kill(self.launcher.pid, signal.SIGKILL)
                 self.launcher.wait(timeout)
-        if self.cgroup is not None and self.cgroup.exists():
-            for sub in sorted((p for p in self.cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                sub.rmdir()
-            self.cgroup.rmdir()
+        self._remove_cgroup(deadline=time.monotonic() + timeout)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _remove_cgroup(self, deadline: float) -> None:
+        """Remove the box's cgroup tree, deepest first; a cgroup whose last process is still exiting is busy
+        for a moment, so retry until `deadline`."""
+        if self.cgroup is None:
+            return
+        while self.cgroup.exists():
+            try:
+                for sub in sorted((p for p in self.cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    sub.rmdir()
+                self.cgroup.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)

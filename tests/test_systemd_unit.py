@@ -82,8 +82,8 @@ def install(box: SystemdBox) -> None:
 @pytest.fixture(scope="module")
 def box():
     sandbox = SystemdBox(f"{uuid.uuid4().hex[:8]}")
-    sandbox.start()
     try:
+        sandbox.start()
         install(sandbox)
         sandbox.write("/etc/systemd/system/spooled-dev.service", DEV_SERVER_UNIT)
         sandbox.run("systemctl", "daemon-reload")
