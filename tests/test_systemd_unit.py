@@ -164,9 +164,13 @@ def start(box: SystemdBox, *units: str) -> None:
         raise AssertionError(f"systemctl start failed: {out.stderr}\n{journal.stdout}")
 
 
-def stop_clean(box: SystemdBox, unit: str) -> None:
+def stop_clean(box: SystemdBox, unit: str) -> dict[str, str]:
+    """`systemctl stop` (it returns once the unit is down); the unit's end as systemd saw it, read before
+    reset-failed clears it for the next test."""
     box.run("systemctl", "stop", unit, timeout=90)
+    end = show(box, unit, "ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
     box.run("systemctl", "reset-failed", unit, check=False)
+    return end
 
 
 # ------------------------------------------------------------------ the tests
@@ -243,10 +247,9 @@ def test_stop_drains_running_jobs_and_hands_the_rest_back(box):
         running = wait_for("two jobs running", lambda: processing(box, ids, 2), 20)
     finally:
         started = time.monotonic()
-        stop_clean(box, SERVICE)  # blocks until the daemon has drained and exited
+        end = stop_clean(box, SERVICE)  # blocks until the daemon has drained and exited
     took = time.monotonic() - started
-    state = show(box, SERVICE, "ActiveState", "Result", "ExecMainStatus")
-    assert (state["ActiveState"], state["Result"], state["ExecMainStatus"]) == ("inactive", "success", "0")
+    assert (end["ActiveState"], end["Result"], end["ExecMainStatus"]) == ("inactive", "success", "0"), end
     found = statuses(box, ids)
     assert all(found[i] == "completed" for i in running), found  # finished, not killed
     assert set(found.values()) <= {"completed", "pending"}, found  # none lost, none left processing
@@ -265,9 +268,8 @@ def test_a_drain_longer_than_timeoutstopsec_is_extended_not_killed(box):
         start(box, SERVICE)
         ids = api(box, "enqueue", queue, json.dumps({"do": "sleep", "secs": 5}), "1")
         wait_for("the job to run", lambda: processing(box, ids, 1), 20)
-        stop_clean(box, SERVICE)
-        state = show(box, SERVICE, "Result", "ExecMainStatus")
-        assert (state["Result"], state["ExecMainStatus"]) == ("success", "0")
+        end = stop_clean(box, SERVICE)
+        assert (end["Result"], end["ExecMainStatus"]) == ("success", "0"), end  # exited 0, not SIGKILLed
         assert statuses(box, ids) == {ids[0]: "completed"}
     finally:
         box.run("rm", "-r", f"/etc/systemd/system/{SERVICE}.d")
