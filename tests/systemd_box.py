@@ -54,7 +54,7 @@ printf '[Unit]\nDescription=test box\nRequires=sysinit.target\nAfter=sysinit.tar
 cd "$R"; mkdir -p .oldroot; pivot_root . .oldroot; cd /; umount -l /.oldroot; rmdir /.oldroot
 mount --make-rshared /
 exec env -i container=spooled-testbox PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-    setpriv --bounding-set -sys_module,-sys_time,-sys_rawio,-syslog,-wake_alarm,-block_suspend \
+    setpriv --bounding-set -sys_module,-sys_time,-sys_rawio,-syslog,-wake_alarm,-block_suspend,-mac_admin,-mac_override \
     /lib/systemd/systemd --system --unit=testbox.target
 """
 

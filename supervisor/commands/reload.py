@@ -1,10 +1,11 @@
 """`python -m supervisor reload PID`: ask a running daemon to replace its children (they import the handler
 anew), the way systemd's ExecReload= does it.
 
-Under systemd (NOTIFY_SOCKET set, NotifyAccess=exec) it first sends RELOADING=1, so the unit is `reloading`
-from the moment the reload is asked until the daemon's READY=1 says every child is new, whichever of the
-daemon's own RELOADING=1 and this command's exit systemd sees first; then it sends SIGHUP. Elsewhere it only
-sends SIGHUP. Exit codes: 0 sent, 1 the signal could not be sent, 2 usage error or no daemon at that pid.
+Under systemd (NOTIFY_SOCKET set, NotifyAccess=exec) it sends RELOADING=1 before SIGHUP, so systemd holds
+the unit in `reloading`, and `systemctl reload` waits, until the daemon's READY=1 says every child is new.
+(Were RELOADING=1 left to the daemon alone, systemd might see this command exit first and call the reload
+done at once.) Elsewhere it only sends SIGHUP.
+Exit codes: 0 sent, 1 the signal could not be sent, 2 usage error or no daemon at that pid.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
         os.kill(args.pid, signal.SIGHUP)
     except OSError as exc:
         notifier.ready()  # nothing will end the reload: leave the unit active
-        sys.stderr.write(f"error: cannot signal pid {args.pid}: {exc}\n")
+        sys.stderr.write(f"{cli.program()} reload: error: cannot signal pid {args.pid}: {exc}\n")
         return 1
     finally:
         notifier.close()

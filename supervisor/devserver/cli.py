@@ -74,9 +74,8 @@ def _pos_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("dev-server",
-                                description="Serve the Spooled REST API from SQLite, for development and tests.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("dev-server", description="Serve the Spooled REST API from SQLite, for development and tests.",
+                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(flag, type_, default, help_, env=None):
         name = flag.lstrip("-").replace("-", "_")
