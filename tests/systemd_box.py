@@ -53,9 +53,9 @@ printf '[Unit]\nDescription=test box\nRequires=sysinit.target\nAfter=sysinit.tar
     > "$R/etc/systemd/system/testbox.target"
 cd "$R"; mkdir -p .oldroot; pivot_root . .oldroot; cd /; umount -l /.oldroot; rmdir /.oldroot
 mount --make-rshared /
+DROP=-sys_module,-sys_time,-sys_rawio,-syslog,-wake_alarm,-block_suspend,-mac_admin,-mac_override
 exec env -i container=spooled-testbox PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-    setpriv --bounding-set -sys_module,-sys_time,-sys_rawio,-syslog,-wake_alarm,-block_suspend,-mac_admin,-mac_override \
-    /lib/systemd/systemd --system --unit=testbox.target
+    setpriv --bounding-set "$DROP" /lib/systemd/systemd --system --unit=testbox.target
 """
 
 

@@ -108,3 +108,10 @@ def test_reload_sends_reloading_to_systemd_then_sighup_to_the_daemon():
         sock.close()
         os.unlink(path)
         os.rmdir(tmpdir)
+
+
+def test_run_jobs_does_not_take_version_for_a_daemon_option():
+    from supervisor.testing import daemon_args
+
+    with pytest.raises(TypeError, match="unknown daemon option 'version'"):
+        daemon_args({"version": True})
