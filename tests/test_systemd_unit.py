@@ -202,6 +202,8 @@ def test_start_reaches_active_through_ready_and_only_the_parent_gets_the_key(box
         assert kids <= set(unit_processes(box, SERVICE))
         ids = api(box, "enqueue", queue, json.dumps({"do": "echo", "n": 1}), "4")
         wait_for("the jobs to complete", lambda: all_completed(box, ids), 30)
+        journal = box.run("journalctl", "-u", SERVICE, "--no-pager", "-o", "cat").stdout
+        assert "ready" in journal and KEY not in journal
     finally:
         stop_clean(box, SERVICE)
     assert show(box, SERVICE, "ActiveState")["ActiveState"] == "inactive"
