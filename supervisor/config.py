@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from supervisor import cli
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
@@ -296,13 +297,13 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors (unknown flag, missing value) raise one-line ConfigErrors instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m supervisor run --help)")
+        raise ConfigError(f"{message} (see {cli.program()} run --help)")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The `run` argument parser. Values stay text here (None when not given); `resolve` parses them."""
     p = OneLineParser(
-        prog="python -m supervisor [run]",
+        prog=f"{cli.program()} [run]",
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
         "the environment variable shown; a flag beats its variable. The API key comes from SPOOLED_API_KEY, "
         f"--api-key-file, or the systemd credential '{CREDENTIAL_NAME}' - never from a flag value, so it never "
@@ -314,6 +315,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         else:
             p.add_argument(opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} ({opt.env})")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
+    cli.add_version(p)
     return p
 
 

@@ -193,7 +193,8 @@ def unit_env(service) -> dict:
 def test_unit_notify_and_stop_semantics():
     s = unit()["Service"]
     assert s["Type"] == "notify"
-    assert s["NotifyAccess"] == "main"
+    assert s["NotifyAccess"] == "exec"  # the daemon and ExecReload's command, never the handler's children
+    assert s["ExecReload"].split()[:4] == ["/opt/spooled-supervisor/venv/bin/python", "-m", "supervisor", "reload"]
     assert s["KillMode"] == "mixed"
     assert s.get("KillSignal", "SIGTERM") == "SIGTERM"
     drain = float(unit_env(s).get("SPOOLED_DRAIN_TIMEOUT", DEFAULT_DRAIN_TIMEOUT))

@@ -22,24 +22,30 @@ from typing import NoReturn
 
 import requests
 
+from supervisor import cli
 from supervisor.config import OPTION_BY_DEST
 from supervisor.ops.budget import DRAIN_REQUEST_TIMEOUT, stop_budget
 
 POLL_EVERY = 0.5
 
 
+def complain(message: str, code: int) -> int:
+    """One line on stderr, named as the command was invoked; returns `code`."""
+    sys.stderr.write(f"{cli.program()} drain: error: {message}\n")
+    return code
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        sys.stderr.write(f"error: {message} (see python -m supervisor drain --help)\n")
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(2)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="python -m supervisor drain",
-                                     description="Drain the local supervisor through its health port and wait "
-                                                 "until it has exited (e.g. as a pod's preStop hook).")
+    parser = cli.parser("drain", cls=_Parser, description="Drain the local supervisor through its health port "
+                        "and wait until it has exited (e.g. as a pod's preStop hook).")
     parser.add_argument("--port", type=int, default=None, help="the daemon's --health-port (env SPOOLED_HEALTH_PORT)")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address of the port (default 127.0.0.1)")
     parser.add_argument("--timeout", type=float, default=None,
@@ -73,12 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             port = int(os.environ["SPOOLED_HEALTH_PORT"])
         wait = args.timeout if args.timeout is not None else default_wait(os.environ)
     except ValueError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+        return complain(str(exc), 2)
     if port is None:
-        sys.stderr.write("error: no health port: pass --port or set SPOOLED_HEALTH_PORT (the daemon takes drain "
-                         "requests there only when started with --health-port)\n")
-        return 2
+        return complain("no health port: pass --port or set SPOOLED_HEALTH_PORT (the daemon takes drain requests "
+                        "there only when started with --health-port)", 2)
     host = f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{port}"
     with requests.Session() as session:
@@ -86,12 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             answer = session.post(base + "/drain", timeout=DRAIN_REQUEST_TIMEOUT)
         except requests.RequestException as exc:
-            sys.stderr.write(f"error: cannot ask {base} to drain: {type(exc).__name__}; the stop signal will drain "
-                             "it instead\n")
-            return 1
+            return complain(f"cannot ask {base} to drain: {type(exc).__name__}; the stop signal will drain it "
+                            "instead", 1)
         if answer.status_code != 202:
-            sys.stderr.write(f"error: {base}/drain answered HTTP {answer.status_code}: {answer.text.strip()[:200]}\n")
-            return 1
+            return complain(f"{base}/drain answered HTTP {answer.status_code}: {answer.text.strip()[:200]}", 1)
         print(f"drain requested from {base}; waiting up to {wait:g} s for the daemon to exit", flush=True)
         return wait_for_exit(session, base, wait)
 
@@ -114,6 +116,5 @@ def wait_for_exit(session: requests.Session, base: str, wait: float) -> int:
             shown = now_shown
             print(f"running {running}, reserved {snap.get('reserved')} (handed back at the end)", flush=True)
         time.sleep(POLL_EVERY)
-    sys.stderr.write(f"error: the daemon still runs after {wait:g} s; the stop signal will stop its children at once "
-                     "and hand their jobs back\n")
-    return 1
+    return complain(f"the daemon still runs after {wait:g} s; the stop signal will stop its children at once and "
+                    "hand their jobs back", 1)

@@ -1,18 +1,20 @@
 """The worst-case stop time: how long a stop may take from the first request to the exit, and so how
 much time a supervisor (Kubernetes' terminationGracePeriodSeconds, systemd's TimeoutStopSec) must give.
 
-    stop = [drain request] + drain timeout + kill grace + deregister attempts x deregister timeout + slack
+    stop = [drain request] + drain timeout + kill grace + reap + deregister attempts x deregister timeout
 
 - drain request: only where a preStop hook runs `python -m supervisor drain` first: the most that command
   spends failing to reach the daemon before the stop signal does the work instead;
 - drain timeout: running jobs get this long to finish;
 - kill grace: children still running at the deadline get SIGTERM, then SIGKILL after this;
+- reap: the wait for a SIGKILLed child to be reaped;
 - deregister: the daemon tells the API it is gone (which hands back every job it still holds), two attempts
-  of at most min(--api-timeout, 5 s) each;
-- slack: the loop's last turns and process start-up.
+  of at most min(--api-timeout, 5 s) each.
 
-A grace period should cover the total with a margin of at least STOP_MARGIN_SECS or STOP_MARGIN_RATIO
-of it, whichever is larger (`covers`).
+The part after the drain timeout (`after_drain`) is what the daemon adds when it asks systemd for more
+time while draining. A grace period should cover the total with a margin of at least STOP_MARGIN_SECS or
+STOP_MARGIN_RATIO of it, whichever is larger (`covers`): the margin also takes the process's own start
+and exit.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 DEREGISTER_TIMEOUT = 5.0  # seconds, at most, one deregister attempt may take
 DEREGISTER_ATTEMPTS = 2
-STOP_SLACK = 2.0  # seconds for the loop's last turns and process start and exit
+REAP_AFTER_KILL = 2.0  # seconds the pool's shutdown waits for a SIGKILLed child
 DRAIN_REQUEST_TIMEOUT = 3.0  # seconds the drain command waits for the daemon to take its request
 STOP_MARGIN_SECS = 5.0
 STOP_MARGIN_RATIO = 0.1
@@ -35,11 +37,16 @@ class StopBudget:
     drain_timeout: float
     kill_grace: float
     deregister: float
-    slack: float = STOP_SLACK
+    reap: float = REAP_AFTER_KILL
+
+    @property
+    def after_drain(self) -> float:
+        """Stopping what still runs at the drain deadline, and deregistering."""
+        return self.kill_grace + self.reap + self.deregister
 
     @property
     def total(self) -> float:
-        return self.drain_request + self.drain_timeout + self.kill_grace + self.deregister + self.slack
+        return self.drain_request + self.drain_timeout + self.after_drain
 
     @property
     def wanted(self) -> float:
@@ -52,7 +59,7 @@ class StopBudget:
     def fields(self) -> dict:
         """For the start-up log line."""
         return {"stop_budget_secs": round(self.total, 1), "drain_timeout": self.drain_timeout,
-                "kill_grace": self.kill_grace, "deregister_secs": self.deregister, "slack_secs": self.slack,
+                "kill_grace": self.kill_grace, "reap_secs": self.reap, "deregister_secs": self.deregister,
                 "drain_request_secs": self.drain_request, "grace_wanted_secs": round(self.wanted, 1)}
 
 

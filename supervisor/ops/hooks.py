@@ -11,6 +11,7 @@ from supervisor.ops.notify import Notifier
 from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
+EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while reloading or draining
 
 
 class DaemonHooks(NullHooks):
@@ -27,6 +28,8 @@ class DaemonHooks(NullHooks):
         self._status_text = ""
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
+        self._extended_at: float | None = None
+        self._extended_until = 0.0
 
     def start(self, snapshot, drain=None) -> None:
         """Serve the health port if asked; `drain` (thread-safe) is called for POST /drain."""
@@ -64,8 +67,19 @@ class DaemonHooks(NullHooks):
     def ready(self, status):
         self.notifier.ready(status)
 
+    def reloading(self, now):
+        self.notifier.reloading(now)
+
     def stopping(self):
         self.notifier.stopping()
+
+    def extend_timeout(self, now, seconds):
+        """Keep systemd's reload or stop timeout from firing while the daemon is still at it: EXTEND_TIMEOUT_USEC
+        every EXTEND_EVERY, or at once when the end moves later by more than that (a drain after a reload)."""
+        due = self._extended_at is None or now - self._extended_at >= EXTEND_EVERY
+        if due or now + seconds > self._extended_until + EXTEND_EVERY:
+            self._extended_at, self._extended_until = now, now + seconds
+            self.notifier.extend_timeout(seconds)
 
     def status(self, text):
         set_title(text)

@@ -54,6 +54,7 @@ from supervisor.parent.pool import ChildPool, HandlerImportFailed
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn does not spin a core
@@ -82,6 +83,7 @@ class Arbiter:
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent
         self.reloads = 0
+        self.reload_began: float | None = None  # the last SIGHUP, until every child is newer than it
         self.loop_errors = 0  # turns in a row that raised
         self.loop_at = time.monotonic()  # when the loop last turned (read by /healthz)
         self.started_at = self.loop_at
@@ -174,6 +176,7 @@ class Arbiter:
         if any(c.idle or c.busy for c in self.pool.children.values()):
             self.children_up_at = now
         self.feed_children(now)
+        self.check_reload(now)
         self.check_drain(now)
         self.update_title(now)
         self.hooks.tick(now)
@@ -324,6 +327,22 @@ class Arbiter:
         self.reloads += 1
         log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
         self.pool.replace_all("reload")
+        if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
+            self.reload_began = now
+            self.hooks.reloading(now)
+
+    def check_reload(self, now: float) -> None:
+        """READY=1 again once every child was started after the last SIGHUP (a drain ends the reload)."""
+        if self.reload_began is None:
+            return
+        if self.phase is not Phase.RUNNING:
+            self.reload_began = None
+        elif self.pool.all_up_since(self.reload_began):
+            self.reload_began = None
+            log_event(log, INFO, "reload complete: every child runs the reloaded handler", reload=self.reloads)
+            self.hooks.ready(self.status_line())
+        elif not self.pool.degraded(now):  # a busy child is replaced once its job ends, however long that takes
+            self.hooks.extend_timeout(now, RELOAD_EXTEND)  # (but new code that fails to start lets systemd time out)
 
     def handle_SIGTTIN(self, now: float) -> None:
         log_event(log, INFO, "SIGTTIN: one more child", procs=self.pool.resize(+1))
@@ -368,6 +387,8 @@ class Arbiter:
             self.begin_drain(now, exitcodes.OK)
         if self.phase is not Phase.DRAINING:
             return
+        if self.drain_deadline is not None:
+            self.hooks.extend_timeout(now, self.drain_deadline - now + self.stop_after_drain())
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
             self.finish(self.drain_code)
@@ -379,6 +400,11 @@ class Arbiter:
             log_event(log, WARNING, "drain timeout: stopping busy children; deregistering hands their jobs back "
                                     "to the queue", jobs=busy)
             self.finish(self.drain_code)
+
+    def stop_after_drain(self) -> float:
+        """The longest `finish` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
+        two deregister attempts (supervisor.ops.budget)."""
+        return stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout).after_drain
 
     def finish(self, code: int) -> None:
         """Stop children, deregister (which releases any job still held) and set the exit code. The
@@ -442,6 +468,7 @@ class Arbiter:
     def status_line(self) -> str:
         pool = self.pool
         text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.jobs.inflight)}"
+        text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
     def update_title(self, now: float) -> None:
