@@ -231,7 +231,7 @@ class DaemonMetrics:
         self.jobs = r.counter(p + "jobs_total", "Jobs finished, by queue and outcome.", ("queue", "outcome"))
         self.job_duration = r.histogram(p + "job_duration_seconds", "Time a child spent running a job.", ("queue",),
                                         JOB_DURATION_BUCKETS)
-        self.inflight = r.gauge(p + "inflight_jobs", "Jobs currently running in children.")
+        self.inflight = r.gauge(p + "inflight_jobs", "Jobs this daemon holds: running, reserved or being reported.")
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
         self.busy_children = r.gauge(p + "busy_children", "Children running a job now (the reserve not counted).")
         self.reserved = r.gauge(p + "reserved_jobs",
