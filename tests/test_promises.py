@@ -1,4 +1,4 @@
-"""README promises no other test checked (issue 15), each against the real outcome: the real daemon and
+"""Documented promises no other test checked, each against the real outcome: the real daemon and
 dev server, job records read back, exit codes, process trees, /metrics."""
 
 from __future__ import annotations
