@@ -14,7 +14,7 @@ from supervisor import exitcodes
 from supervisor.config import OPTIONS, ConfigError, load_config
 from supervisor.testing import run_jobs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # wherever tests/ nests it
 KEY = "sp_test_0123456789abcdef"
 BASE = {"SPOOLED_API_KEY": KEY, "SPOOLED_HANDLER": "m:f"}
 

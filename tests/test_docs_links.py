@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.config import CONFIG_ENV, OPTIONS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # wherever tests/ nests it
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS, ROOT / "benchmarks" / "RESULTS.md", ROOT / "deploy" / "README.md"]
