@@ -138,6 +138,7 @@ class ServerConfig:
     max_workers: int | None = None
     max_payload_bytes: int = 1048576
     max_body_bytes: int = 2 * 1024 * 1024
+    events: bool = True  # serve GET /api/v1/events
 
 
 class App:

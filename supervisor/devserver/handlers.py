@@ -223,6 +223,10 @@ def bulk_create(app, req):
 def sse_events(app, req):
     """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
     `queue` must be a valid queue name (400), `events` a comma-separated list of event names to keep."""
+    if not app.cfg.events:
+        raise HttpError(404, "NOT_FOUND", "No route matches this path")
+    if app.events.refusing():
+        raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
     queue = req.query.get("queue", [None])[0]
     if queue is not None:
         check_queue_name(queue, "queue")
@@ -232,8 +236,11 @@ def sse_events(app, req):
 
 
 def drop_event_streams(app, req):
-    """POST /_dev/events/drop: end every open event stream (clients see their connection close)."""
-    return 200, {"dropped": app.events.drop_all()}, None
+    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end every open event stream (clients see
+    their connection close), and answer new ones 503 for `refuse_secs` seconds (default 0)."""
+    b = body(req, optional=True)
+    refuse = b.int("refuse_secs", False, 0, 3600, default=0)
+    return 200, {"dropped": app.events.drop_all(refuse or 0)}, None
 
 
 def claim(app, req):

@@ -8,7 +8,8 @@ Contract:
   `?events=a,b` keeps only those names (`*` keeps all). Every HEALTH_EVERY seconds the stream sends
   `system.health` if the filter keeps it, else a `:keepalive` comment, so a silent connection is a dead one.
 - A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
-  (the dev route `POST /_dev/events/drop`, for tests of reconnecting).
+  (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
+  with 503 for a while).
 - A subscriber that falls BUFFER events behind loses the newest ones, as the real broadcast channel
   drops for a lagging receiver: events are a hint to claim, never the only way to find a job.
 """
@@ -61,6 +62,7 @@ class Broadcaster:
         self._lock = threading.Lock()
         self._subs: set[Subscriber] = set()
         self.published = 0
+        self._refuse_until = 0.0
 
     def subscribe(self, org: str, queue_name: str | None, names: set[str] | None) -> Subscriber:
         sub = Subscriber(org, queue_name, names)
@@ -90,10 +92,15 @@ class Broadcaster:
         self.publish(org, "job.created", "JobCreated", {"job_id": job_id, "queue_name": queue_name,
                                                         "priority": priority, "timestamp": ts(time.time())})
 
-    def drop_all(self) -> int:
-        """End every open stream (the clients see the connection close); how many there were."""
+    def refusing(self) -> bool:
+        return time.monotonic() < self._refuse_until
+
+    def drop_all(self, refuse_secs: float = 0.0) -> int:
+        """End every open stream (the clients see the connection close) and refuse new ones for
+        `refuse_secs`; how many there were."""
         with self._lock:
             subs = list(self._subs)
+            self._refuse_until = time.monotonic() + refuse_secs
         for sub in subs:
             sub.offer(_END)
         return len(subs)

@@ -10,7 +10,8 @@ Claiming (supervisor.parent.intake decides how many): one claim on the wire at a
 children that are idle or will be within about two claim round trips, plus a batch when jobs are
 short or requests are scarce. Queues are served in strict priority: a claim goes to the first queue
 that is not backing off after coming back empty (or short); a queue that just gave a job is asked
-again as soon as a child frees up, an empty one on its back-off (50 ms doubling to --poll-interval).
+again as soon as a child frees up, an empty one on its back-off (50 ms doubling to --poll-interval), or,
+while the events stream is live (supervisor.parent.wake), when a job is announced there, else every 15 s.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob, Submit
+from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, Heard, JobDone, Listening, StopJob, Submit
 from supervisor.parent.inflight import Entry, InFlight, Outcome
 from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
+from supervisor.parent.wake import SAFETY_POLL
 
 log = logging.getLogger("supervisor")
 
@@ -43,14 +45,29 @@ class QueueIntake:
         self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
+        self.hinted_at = -math.inf  # when the events stream last announced a job here
 
-    def answered(self, asked: int, got: int, now: float, poll_interval: float) -> None:
+    def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
+                 sent_at: float = -math.inf) -> None:
+        """A claim sent at `sent_at` got `got` of `asked` jobs. Short: ask again at once if a job was
+        announced since it was sent; else, while the events stream is live, on the slow safety poll;
+        else on the back-off (50 ms doubling to `poll_interval`)."""
         if got < asked:
             self.empty_claims += 1
-            self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
+            if self.hinted_at >= sent_at:
+                self.next_claim_at = now
+            elif listening:
+                self.next_claim_at = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+            else:
+                self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
         else:
             self.empty_claims = 0
             self.next_claim_at = now
+
+    def hinted(self, now: float) -> None:
+        """The events stream announced a job here (or asks for a re-check): claim as soon as a child is free."""
+        self.hinted_at = now
+        self.next_claim_at = min(self.next_claim_at, now)
 
     def gave_work(self, now: float, duration: float | None) -> None:
         """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
@@ -74,6 +91,7 @@ class JobFlow:
         self.claim_rtt = Ewma()  # claim round trip (s), measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
+        self.listening = False  # the events stream is live: empty queues are polled slowly
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
@@ -225,8 +243,18 @@ class JobFlow:
             facts += self._take_claimed(job, sent_at, now)
             taken += 1
         self.hooks.claimed(taken)
-        intake.answered(asked, len(jobs), now, self.cfg.poll_interval)
+        intake.answered(asked, len(jobs), now, self.cfg.poll_interval, self.listening, sent_at)
         return facts
+
+    def heard(self, fact: Heard, now: float) -> None:
+        """News from the events stream. A job announced on a queue (None: some queue of ours): claim there
+        now. The stream went live or down: jobs may have been created unannounced, so re-check every
+        queue now; while it is live, an empty queue is polled only every SAFETY_POLL seconds."""
+        if isinstance(fact, Listening):
+            self.listening = fact.live
+        for intake in self.queues.values():
+            if isinstance(fact, Listening) or fact.queue is None or intake.name == fact.queue:
+                intake.hinted(now)
 
     def recover_claim(self, now: float) -> list[Fact]:
         self.claim_inflight = False
