@@ -23,12 +23,16 @@ import os
 import selectors
 import socket
 import ssl
+import threading
+import time
 from typing import Any
 from urllib.parse import urlencode
 
 import httptools
 
+from supervisor.backoff import backoff
 from supervisor.client.httpconn import build_request, header_block
+from supervisor.client.loophttp import _is_local
 from supervisor.client.rest import SpooledAPI
 
 _READ = 65536
@@ -286,3 +290,38 @@ class EventsConnection:
             self.close()
             notes.append(("refused", answer.status, message))
         return notes
+
+
+class Resolver:
+    """The API host's addresses for a stream whose loop has no REST client to share them: looked up on a
+    helper thread (never on the loop), with back-off after a failure; calling it answers None until known."""
+
+    def __init__(self, host: str, port: int, wake_fd: int):
+        self.host, self.port, self.wake_fd = host, port, wake_fd
+        self.addrs: list | None = None
+        self._busy = False
+        self._failures = 0
+        self._after = 0.0
+        if _is_local(host):
+            self._lookup()
+
+    def __call__(self) -> list | None:
+        if self.addrs is None and not self._busy and time.monotonic() >= self._after:
+            self._busy = True
+            threading.Thread(target=self._work, name="resolve-events", daemon=True).start()
+        return self.addrs
+
+    def _lookup(self) -> None:
+        try:
+            self.addrs = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        except OSError:
+            self._failures += 1
+            self._after = time.monotonic() + backoff(self._failures, 0.5, 30.0)
+
+    def _work(self) -> None:
+        self._lookup()
+        self._busy = False
+        try:
+            os.write(self.wake_fd, b"\0")
+        except OSError:
+            pass

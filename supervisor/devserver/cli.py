@@ -126,13 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def start_grpc(store, cfg, faults, limiter, host: str, port: int):
+def start_grpc(store, cfg, faults, limiter, host: str, port: int, events=None):
     """The gRPC server, imported only when asked for (grpcio is the optional `grpc` extra)."""
     try:
         from .grpc_server import make_grpc_server
     except ImportError as e:
         raise ImportError(f"{e}; install it with: pip install 'spooled-supervisor[grpc]'") from None
-    return make_grpc_server(store, cfg, faults, limiter, host, port)
+    return make_grpc_server(store, cfg, faults, limiter, host, port, events=events)
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, str] | None:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server, grpc_port = None, None
     if args.grpc_port is not None:
         try:
-            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port)
+            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port, app.events)
         except (ImportError, OSError) as e:
             print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
             server.server_close()

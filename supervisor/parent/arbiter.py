@@ -99,7 +99,7 @@ class Arbiter:
         self.pool = ChildPool(cfg, self.sel, self.hooks)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
-        self.listener = Listener.for_loop(cfg, client, self.sel, lambda: getattr(self.http, "addrs", None))
+        self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
         self._ps_self = psutil.Process()

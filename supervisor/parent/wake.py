@@ -21,8 +21,7 @@ from collections.abc import Callable
 from logging import DEBUG, INFO, WARNING
 
 from supervisor.backoff import backoff
-from supervisor.client.events import EventsConnection, events_path
-from supervisor.client.rest import SpooledAPI
+from supervisor.client.events import EventsConnection, Resolver, events_path
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.facts import Heard, Listening, WorkCreated
@@ -123,21 +122,26 @@ class Wake:
 class Listener:
     """The events stream of the parent's loop: `Wake`'s decisions carried out on one connection."""
 
-    def __init__(self, cfg: Config, api: SpooledAPI, connection: EventsConnection | None,
-                 addresses: Callable[[], list | None]):
+    def __init__(self, cfg: Config, connection: EventsConnection | None, addresses: Callable[[], list | None]):
         enabled = connection is not None and cfg.wake == "events"
         self.wake = Wake(enabled, list(cfg.queues), cfg.api_timeout)
         self.conn = connection
         self.addresses = addresses  # the API's resolved addresses (None until known)
         self.next_addr = 0
         if cfg.wake == "events" and connection is None:
-            log_event(log, INFO, "the events stream is REST only: with --transport grpc new jobs are found by "
-                                 "polling")
+            log_event(log, INFO, "no REST API to listen to for new jobs (--api-url): finding them by polling")
 
     @classmethod
-    def for_loop(cls, cfg: Config, api: SpooledAPI, sel, addresses: Callable[[], list | None]) -> Listener:
-        conn = EventsConnection(api, sel, events_path(api, list(cfg.queues))) if cfg.transport == "rest" else None
-        return cls(cfg, api, conn, addresses)
+    def for_loop(cls, cfg: Config, api, sel, http, wake_fd: int) -> Listener:
+        """The listener of the arbiter's loop: over `api` itself (REST), or with --transport grpc over the
+        REST API beside it (`api.rest`, from --api-url), whose addresses a `Resolver` looks up."""
+        rest = api if cfg.transport == "rest" else getattr(api, "rest", None)
+        if rest is None:
+            return cls(cfg, None, lambda: None)
+        conn = EventsConnection(rest, sel, events_path(rest, list(cfg.queues)))
+        if cfg.transport == "rest":
+            return cls(cfg, conn, lambda: http.addrs)
+        return cls(cfg, conn, Resolver(rest.host, rest.port, wake_fd))
 
     def turn(self, now: float, may_claim: bool) -> list[Heard]:
         """Open, reopen or drop the stream as `Wake` says."""
