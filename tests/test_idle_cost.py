@@ -51,7 +51,7 @@ class IdleDaemon(Sim):
         while self.now < end:
             self.listen()
             self.turn()
-            times = [self.next_time(), self.live_at, self.ends_at, self.wake.next_deadline(self.now) or math.inf]
+            times = [self.next_time(), self.live_at, self.ends_at, self.wake.next_deadline(self.now, True) or math.inf]
             self.now = max(self.now + 1e-6, min(times))
         return len(self.sent) + self.wake.connects
 
@@ -79,5 +79,5 @@ def test_a_stream_that_keeps_failing_reopens_on_a_capped_back_off():
             wake.opening(now)
             opens += 1
             wake.refused(503, "Service Unavailable", now)
-        now = max(now + 0.001, wake.next_deadline(now) or now + 1.0)
+        now = max(now + 0.001, wake.next_deadline(now, True) or now + 1.0)
     assert opens <= HOUR / (REOPEN_CAP / 2) + 12  # the doubling steps, then one per [cap/2, cap]

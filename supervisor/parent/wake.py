@@ -31,6 +31,7 @@ log = logging.getLogger("supervisor")
 SAFETY_POLL = 15.0  # seconds between claims on an empty queue while the stream is live (at least --poll-interval)
 SILENCE = 45.0  # seconds without a byte after which a live stream is dead (the server sends one every 10 s)
 REOPEN_BASE, REOPEN_CAP = 0.5, 60.0  # back-off between attempts to open the stream
+ADDRESS_WAIT = 0.2  # seconds between looks at whether the API's host name is resolved yet
 CREATED = "job.created"
 
 
@@ -64,8 +65,13 @@ class Wake:
             return now - last_read_at > self.open_timeout
         return self.state == "live" and now - last_read_at > SILENCE
 
-    def next_deadline(self, now: float) -> float | None:
-        return self.reopen_at if self.state == "down" else None
+    def next_deadline(self, now: float, may_claim: bool) -> float | None:
+        """When to open the stream: only while the daemon may claim (else nothing is due)."""
+        return self.reopen_at if self.state == "down" and may_claim else None
+
+    def unresolved(self, now: float) -> None:
+        """The API's addresses are not known yet: try again shortly."""
+        self.reopen_at = now + ADDRESS_WAIT
 
     def opened(self, now: float) -> list[Heard]:
         self.state, self.failures = "live", 0
@@ -160,7 +166,8 @@ class Listener:
             return []
         addrs = self.addresses()
         if not addrs:
-            return []  # the loop's HTTP client resolves the name; try again next turn
+            wake.unresolved(now)  # being looked up (by the loop's HTTP client or a Resolver)
+            return []
         wake.opening(now)
         addr = addrs[self.next_addr % len(addrs)]
         return self._notes(conn.connect(addr, now), now)
@@ -168,8 +175,8 @@ class Listener:
     def on_ready(self, mask: int, now: float) -> list[Heard]:
         return self._notes(self.conn.on_ready(mask, now), now) if self.conn is not None else []
 
-    def next_deadline(self, now: float) -> float | None:
-        return self.wake.next_deadline(now) if self.conn is not None else None
+    def next_deadline(self, now: float, may_claim: bool) -> float | None:
+        return self.wake.next_deadline(now, may_claim) if self.conn is not None else None
 
     def close(self) -> None:
         if self.conn is not None:
