@@ -59,6 +59,8 @@ ROUTES = [
     ("GET", "/api/v1/events", h.sse_events, API),
     ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
     ("GET", "/api/v1/queues", h.list_queues, API),
+    ("GET", "/api/v1/queues/{name}", h.get_queue, API),
+    ("DELETE", "/api/v1/queues/{name}", h.delete_queue, API),
     ("GET", "/api/v1/queues/{name}/stats", h.queue_stats, API),
     ("POST", "/api/v1/queues/{name}/pause", h.pause_queue, API),
     ("POST", "/api/v1/queues/{name}/resume", h.resume_queue, API),

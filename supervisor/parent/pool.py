@@ -13,10 +13,11 @@ import signal
 import time
 from logging import DEBUG, ERROR, INFO, WARNING
 
+from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import Child, death_cause, kill_group, signal_child, spawn_child
+from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
 
@@ -162,7 +163,9 @@ class ChildPool:
             frame = msg.get("t")
             if frame == "ready":
                 keeper = msg.get("keeper")
-                facts.append(self._ready(child, keeper if isinstance(keeper, int) else None))
+                facts.append(ready := self._ready(child, keeper if isinstance(keeper, int) else None))
+                if ready.first and isinstance(msg.get("about"), dict):
+                    self._report_handler(msg["about"])
             elif frame == "done":
                 facts.append(self._done(child, msg))
             elif frame == "boot_error":
@@ -236,6 +239,12 @@ class ChildPool:
         first, self.any_ready = not self.any_ready, True
         return ChildReady(child.slot, first)
 
+    def _report_handler(self, about: dict) -> None:
+        """Once, from the first child up: what was taken from the handler's SDK worker and what was not."""
+        given = None if self.cfg.queue_source else self.cfg.queues
+        for text, fields in sdkworker.report(self.cfg.handler, about, given):
+            log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
+
     def _done(self, child: Child, msg: dict) -> JobDone:
         child.finish_job()
         if child.job_quota and child.jobs_done >= child.job_quota:
@@ -284,7 +293,7 @@ class ChildPool:
     def _start_child(self, slot: int, now: float) -> None:
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
-                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
+                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, env=shared_env(self.cfg))
         except OSError as exc:  # out of processes or memory: back off like a child that failed to start
             failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
             self.last_boot_failure = now
