@@ -102,3 +102,13 @@ def test_an_empty_claim_waits_for_the_safety_poll_unless_a_job_was_announced_mea
     assert flow.queues["q"].next_claim_at == now + 1.0
     flow.heard(Listening(False), now + 2.0)
     assert not flow.listening
+
+
+def test_a_one_queue_stream_is_filtered_by_the_server_so_its_events_are_not_read(monkeypatch):
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("supervisor"), "level", logging.INFO)
+    wake = Wake(True, ["only"], open_timeout=10.0)
+    assert wake.received("job.created", "{not even json", 1.0) == [WorkCreated("only")]
+    assert wake.received("job.status", created("only"), 1.0) == []
+    assert wake.created_seen == 1

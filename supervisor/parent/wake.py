@@ -84,6 +84,9 @@ class Wake:
         """A server-sent event: a job created on one of our queues means claim there now."""
         if name != CREATED:
             return []
+        if len(self.queues) == 1 and not log.isEnabledFor(DEBUG):
+            self.created_seen += 1  # the server filtered the stream by our one queue: no need to read it
+            return [WorkCreated(next(iter(self.queues)))]
         try:
             envelope = json.loads(data)
             queue = envelope["data"]["queue_name"]
