@@ -4,6 +4,8 @@ within the test's wait was found through the stream (or the re-check when the st
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.conftest import DevServer, wait_for_status, wait_until
@@ -88,3 +90,17 @@ def test_a_server_without_the_route_means_polling_said_once(tmp_path, daemon_fac
             daemon.stop()
     finally:
         server.stop()
+
+
+def test_a_drain_drops_the_stream_while_the_job_in_hand_finishes(dev_server, daemon_factory):
+    daemon = daemon_factory("wake-drain", handler=HANDLER, args=SLOW_POLL).wait_ready()
+    daemon.wait_events("listening for new jobs on the events stream")
+    job = dev_server.enqueue("wake-drain", {"do": "sleep", "secs": 3})
+    daemon.wait_events("job claimed", job_id=job)
+
+    daemon.signal(signal.SIGTERM)
+    wait_until(lambda: dev_server.request("GET", "/_dev/events").json()["streams"] == 0, timeout=10,
+               what="the events stream to close on drain")
+    assert daemon.proc.poll() is None, "still draining: the job in hand is not done yet"
+    assert daemon.wait(30) == 0
+    assert dev_server.job(job)["status"] == "completed"

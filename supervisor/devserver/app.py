@@ -57,6 +57,7 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
     ("GET", "/api/v1/events", h.sse_events, API),
+    ("GET", "/_dev/events", h.event_streams, DEV),
     ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
     ("GET", "/api/v1/queues", h.list_queues, API),
     ("GET", "/api/v1/queues/{name}", h.get_queue, API),

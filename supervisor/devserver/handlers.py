@@ -235,6 +235,11 @@ def sse_events(app, req):
     return 200, EventStream(app.events, app.events.subscribe(req.org, queue, wanted)), None
 
 
+def event_streams(app, req):
+    """GET /_dev/events: how many event streams are open, and how many events were published."""
+    return 200, {"streams": app.events.count(), "published": app.events.published}, None
+
+
 def drop_event_streams(app, req):
     """POST /_dev/events/drop, body optional {"refuse_secs": s}: end every open event stream (clients see
     their connection close), and answer new ones 503 for `refuse_secs` seconds (default 0)."""
