@@ -112,3 +112,35 @@ def test_a_one_queue_stream_is_filtered_by_the_server_so_its_events_are_not_read
     assert wake.received("job.created", "{not even json", 1.0) == [WorkCreated("only")]
     assert wake.received("job.status", created("only"), 1.0) == []
     assert wake.created_seen == 1
+
+
+def test_a_job_failed_with_retries_left_is_claimed_when_its_back_off_ends_not_at_the_safety_poll():
+    sim = Sim(procs=1, jobs=0, rtt=0.02)
+    flow, now = sim.flow, sim.now
+    flow.heard(Listening(True), now)
+    intake = flow.queues["q"]
+    intake.retry_due(now + 2.55)  # what a fail of a job on its second try (retry_count 1) expects
+    intake.answered(1, 0, now + 0.1, 5.0, listening=True, sent_at=now + 0.05)
+    assert intake.next_claim_at == now + 2.55
+    intake.answered(1, 0, now + 2.6, 5.0, listening=True, sent_at=now + 2.56)
+    assert intake.next_claim_at - (now + 2.6) >= 0.8 * SAFETY_POLL and intake.retries_due == []
+
+
+def test_the_retry_time_follows_the_servers_back_off():
+    from supervisor.parent.facts import JobDone
+
+    sim = Sim(procs=1, jobs=0, rtt=0.02)
+    flow, now = sim.flow, sim.now
+    flow.heard(Listening(True), now)
+    for retry_count, delay in ((0, 1), (3, 8), (9, 60)):
+        job = {"id": f"j{retry_count}", "lease_id": "L", "queue_name": "q", "retry_count": retry_count,
+               "max_retries": 10}
+        flow.on_claim(flow.queues["q"], 1, now, [job], None, now)
+        [(child, entry)] = flow.assignments(sim.children[:1])
+        flow.started(entry, child, now)
+        flow.job_done(JobDone(child.slot, entry.id, False, "boom"), now)
+        flow.send_reports()
+        [(_, _, call, (followup, _))] = [p for p in sim.pending if p[2].route == "fail"]
+        sim.pending.clear()
+        followup.answer(None, None, now)
+        assert max(flow.queues["q"].retries_due) == pytest.approx(now + delay + 0.55)

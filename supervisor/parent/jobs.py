@@ -36,6 +36,8 @@ from supervisor.parent.wake import SAFETY_POLL
 
 log = logging.getLogger("supervisor")
 
+RETRY_JITTER = 0.55  # seconds: the server adds up to 0.5 s to a retry's back-off
+
 
 class QueueIntake:
     """Claim timing of one queue."""
@@ -46,18 +48,21 @@ class QueueIntake:
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
         self.hinted_at = -math.inf  # when the events stream last announced a job here
+        self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
 
     def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
                  sent_at: float = -math.inf) -> None:
         """A claim sent at `sent_at` got `got` of `asked` jobs. Short: ask again at once if a job was
         announced since it was sent; else, while the events stream is live, on the slow safety poll;
         else on the back-off (50 ms doubling to `poll_interval`)."""
+        self.retries_due = [t for t in self.retries_due if t > sent_at]  # the claim looked after those
         if got < asked:
             self.empty_claims += 1
             if self.hinted_at >= sent_at:
                 self.next_claim_at = now
             elif listening:
-                self.next_claim_at = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                safety = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                self.next_claim_at = min([safety, *self.retries_due])
             else:
                 self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
         else:
@@ -68,6 +73,13 @@ class QueueIntake:
         """The events stream announced a job here (or asks for a re-check): claim as soon as a child is free."""
         self.hinted_at = now
         self.next_claim_at = min(self.next_claim_at, now)
+
+    def retry_due(self, at: float) -> None:
+        """A job this daemon failed comes back to the queue at `at` (the server's retry back-off): nothing
+        announces that, so claim then rather than at the safety poll."""
+        self.retries_due.append(at)
+        if self.next_claim_at > at:
+            self.next_claim_at = at
 
     def gave_work(self, now: float, duration: float | None) -> None:
         """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
@@ -329,6 +341,7 @@ class JobFlow:
                 log_event(log, INFO, "job completed", **fields)
             else:
                 log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
+                self._expect_retry(entry, now)
             return []
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(entry.id)
@@ -355,6 +368,15 @@ class JobFlow:
                       retry_in=round(wait, 2), attempts=entry.report_attempts, **fields)
             self.inflight.report_answered(entry, retry_at=now + wait)
         return []
+
+    def _expect_retry(self, entry: Entry, now: float) -> None:
+        """A failed job with retries left is pending again after min(2^min(retry_count, 6), 60) s plus up
+        to 0.5 s of jitter (the server's fixed back-off): have its queue claimed then."""
+        retries, limit = entry.job.get("retry_count"), entry.job.get("max_retries")
+        intake = self.queues.get(entry.queue)
+        if intake is None or not isinstance(retries, int) or not isinstance(limit, int) or retries >= limit:
+            return
+        intake.retry_due(now + min(2 ** min(retries, 6), 60) + RETRY_JITTER)
 
     def recover_report(self, entry: Entry, now: float) -> list[Fact]:
         if self.inflight.holds(entry):
