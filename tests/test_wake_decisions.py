@@ -144,3 +144,13 @@ def test_the_retry_time_follows_the_servers_back_off():
         sim.pending.clear()
         followup.answer(None, None, now)
         assert max(flow.queues["q"].retries_due) == pytest.approx(now + delay + 0.55)
+
+
+def test_a_refused_key_on_the_stream_is_fatal_as_on_any_route():
+    from supervisor import exitcodes
+    from supervisor.parent.facts import Fatal
+
+    wake = Wake(True, ["a"], open_timeout=10.0)
+    wake.opening(0.0)
+    [fact] = wake.refused(401, "Invalid API key", 0.0)
+    assert isinstance(fact, Fatal) and fact.code == exitcodes.AUTH and "events stream" in fact.error

@@ -270,10 +270,13 @@ class Arbiter:
             elif isinstance(fact, DrainAsked):
                 self.begin_drain(now, exitcodes.OK)
 
-    def hear(self, news: list[Heard], now: float) -> None:
-        """Hand the events stream's news to the job flow (the only part it concerns)."""
+    def hear(self, news: list[Heard | Fatal], now: float) -> None:
+        """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
         for fact in news:
-            self.jobs.heard(fact, now)
+            if isinstance(fact, Fatal):
+                self.fatal(fact, now)
+            else:
+                self.jobs.heard(fact, now)
 
     def reap(self, child, now: float) -> None:
         try:
