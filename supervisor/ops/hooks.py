@@ -45,6 +45,9 @@ class DaemonHooks(NullHooks):
     def child_restarted(self, reason):
         self.metrics.child_restarts.inc(reason=reason)
 
+    def child_oom_killed(self):
+        self.metrics.oom_kills.inc()
+
     def lease_renewed(self, outcome):
         self.metrics.lease_renewals.inc(outcome=outcome)
 
@@ -77,3 +80,4 @@ class DaemonHooks(NullHooks):
             self.metrics.inflight.set(snap["inflight"])
             self.metrics.children_alive.set(len(snap["children"]))
             self.metrics.reserved.set(snap.get("reserved", 0))
+            self.metrics.memory(snap.get("memory") or {}, snap["children"])

@@ -82,7 +82,24 @@ class DrainAsked:
     """The API asked this worker to drain (a heartbeat answer's `should_drain`)."""
 
 
-Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked
+@dataclass(frozen=True)
+class HandBack:
+    """Give every reserved (claimed, not started) job back to the queue, failed with `error`."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ShedJob:
+    """Stop the child on `slot` running `job_id` and fail the job with `error` (memory pressure)."""
+
+    slot: int
+    job_id: str
+    error: str
+
+
+Fact = (JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked | HandBack
+        | ShedJob)
 
 
 @dataclass(frozen=True)
