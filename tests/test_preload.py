@@ -1,0 +1,87 @@
+"""--preload with real processes: the handler's module is imported once, in the forkserver, and children
+share its pages; an import error still exits 3; a reload imports changed code through a new forkserver."""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+import pytest
+from conftest import wait_for_status, wait_until
+
+from supervisor import exitcodes
+
+MODEL_MB = 96
+MiB = 2**20
+
+
+def forkservers(daemon) -> list[int]:
+    """Pids of the daemon's forkserver processes (its direct children running multiprocessing's forkserver)."""
+    out = []
+    for proc in psutil.Process(daemon.proc.pid).children():
+        try:
+            if "forkserver" in " ".join(proc.cmdline()):
+                out.append(proc.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_preloaded_children_share_the_model_and_run_jobs(dev_server, daemon_factory, tmp_path):
+    imports = tmp_path / "imports"
+    d = daemon_factory("preload", handler="tests.handlers_memory:handle", procs=2, args=["--preload"],
+                       env={"MEMORY_MODEL_MB": str(MODEL_MB), "MEMORY_IMPORT_LOG": str(imports)}).wait_ready(60)
+    ids = [dev_server.enqueue("preload", {"do": "model"}) for _ in range(6)]
+    jobs = wait_for_status(dev_server, ids, timeout=60)
+    expected = sum(b"0123456789abcdef"[i % 16] for i in range(0, MODEL_MB * MiB, 4096))
+    assert all(j["result"]["model_mb"] == MODEL_MB and j["result"]["sum"] == expected for j in jobs), jobs
+    children = d.child_pids()
+    assert len(children) == 2
+    # Imported once, by the forkserver: not by the parent, not by each child.
+    importers = imports.read_text().split()
+    assert len(importers) == 1 and int(importers[0]) in forkservers(d) and int(importers[0]) not in children
+    for pid in children:
+        uss = psutil.Process(pid).memory_full_info().uss
+        assert uss < MODEL_MB * MiB * 0.25, f"child {pid} holds {uss // MiB} MiB of its own"
+    assert psutil.Process(d.proc.pid).memory_info().rss < MODEL_MB * MiB  # the parent never imports the handler
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("handler,env", [
+    ("tests.no_such_module:handle", {}),
+    ("tests.handlers_chaos:handle", {"CHAOS_BOOT_FAIL_FLAG": "__file__"}),  # raises RuntimeError at import
+])
+def test_an_import_error_under_preload_exits_3(dev_server, daemon_factory, tmp_path, handler, env):
+    if env.get("CHAOS_BOOT_FAIL_FLAG") == "__file__":
+        flag = tmp_path / "fail"
+        flag.write_text("1")
+        env = {"CHAOS_BOOT_FAIL_FLAG": str(flag)}
+    d = daemon_factory("preload-bad", handler=handler, procs=2, args=["--preload"], env=env)
+    assert d.wait(45) == exitcodes.HANDLER_IMPORT
+    errors = [r for r in d.records() if str(r.get("msg")).startswith(f"cannot import handler {handler}:\n")]
+    assert errors and errors[0]["level"] == "error", d.records()[-5:]
+
+
+@pytest.mark.timeout(120)
+def test_a_reload_under_preload_imports_changed_code_through_a_new_forkserver(dev_server, daemon_factory, tmp_path):
+    version = tmp_path / "version"
+    version.write_text("one")
+    d = daemon_factory("preload-reload", handler="tests.handlers_memory:handle", procs=2, args=["--preload"],
+                       env={"MEMORY_VERSION_FILE": str(version)}).wait_ready(60)
+    first = wait_for_status(dev_server, [dev_server.enqueue("preload-reload", {"do": "version"})], timeout=30)[0]
+    assert first["result"]["version"] == "one"
+    before = set(d.child_pids())
+    [old_server] = forkservers(d)
+
+    version.write_text("two")
+    d.signal(signal.SIGHUP)
+    wait_until(lambda: not (set(d.child_pids()) & before) and len(d.child_pids()) == 2, timeout=60,
+               what="both children replaced")
+    jobs = wait_for_status(dev_server, [dev_server.enqueue("preload-reload", {"do": "version"}) for _ in range(4)],
+                           timeout=30)
+    assert {j["result"]["version"] for j in jobs} == {"two"}
+    wait_until(lambda: forkservers(d) and old_server not in forkservers(d) and len(forkservers(d)) == 1,
+               timeout=20, what="the old forkserver retired once its children were gone")
+    d.signal(signal.SIGTERM)
+    assert d.wait(30) == 0
