@@ -314,9 +314,10 @@ class ChildPool:
                   job_id=child.job_id)
         child.begin_stop("max_memory", now, self.cfg.kill_grace)
         self.changed = True
-        others = f"{sample.subprocesses} subprocess" + ("" if sample.subprocesses == 1 else "es")
+        n = sample.subprocesses
+        tree = f"child and {n} subprocess" + ("" if n == 1 else "es") if n else "the child alone"
         return ChildLost(child.slot, f"MemoryLimitExceeded: the job used {used} MiB, {used - cap} MiB over the cap "
-                                     f"of {cap} MiB (child and {others}); its processes were stopped", "failed")
+                                     f"of {cap} MiB ({tree}); its processes were stopped", "failed")
 
     @staticmethod
     def _not_counted(child: Child) -> frozenset[int]:
