@@ -83,6 +83,9 @@ class Hooks(NullHooks):
     def child_restarted(self, reason: str) -> None:
         self.events.append(("child_restarted", reason))
 
+    def child_oom_killed(self) -> None:
+        self.events.append(("oom_killed",))
+
     def lease_renewed(self, outcome: str) -> None:
         self.events.append(("lease_renewed", outcome))
 
