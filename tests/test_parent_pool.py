@@ -403,13 +403,13 @@ class Trees:
 
     def __init__(self) -> None:
         self.sizes: dict[int, TreeMemory] = {}
-        self.asked: list[tuple[int, frozenset]] = []
+        self.asked: list[tuple[int, frozenset, int | None]] = []
 
     def set(self, child, mib: int, subprocesses: int = 0) -> None:
         self.sizes[child.pid] = TreeMemory(mib * MiB, subprocesses)
 
-    def __call__(self, pid: int, exclude: frozenset) -> TreeMemory | None:
-        self.asked.append((pid, exclude))
+    def __call__(self, pid: int, exclude: frozenset, pss_above: int | None) -> TreeMemory | None:
+        self.asked.append((pid, exclude, pss_above))
         return self.sizes.get(pid)
 
 
@@ -447,7 +447,7 @@ def test_a_job_whose_tree_stays_over_the_cap_for_the_grace_samples_is_failed_and
     rig.give(a)
     trees.set(a, 150, subprocesses=2)
     assert rig.pool.enforce(T0) == []  # over the cap once: a spike is forgiven, the job goes on
-    assert (a.pid, frozenset({77})) in trees.asked  # the keeper is not counted
+    assert (a.pid, frozenset({77}), 100 * MiB) in trees.asked  # the keeper is not counted; PSS above the cap
     assert a.busy and a.replace_reason == "max_memory"
     trees.set(a, 90)
     assert rig.pool.enforce(T0 + 1) == []  # back under: the count starts again

@@ -472,6 +472,7 @@ class Arbiter:
                 "rss_bytes": child.rss, "jobs_done": child.jobs_done, "restarts": self.pool.restarts.get(child.slot, 0),
                 "memory_bytes": child.memory.bytes if child.memory else None,
                 "subprocesses": child.memory.subprocesses if child.memory else None,
+                "memory_kind": child.memory.kind if child.memory else None,
             })
         api_ok_at = self.membership.api_ok_at
         return {

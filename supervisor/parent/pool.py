@@ -48,10 +48,10 @@ class HandlerImportFailed(Exception):
 
 class ChildPool:
     def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks, memory: MemorySource | None = None,
-                 measure: Callable[[int, frozenset[int]], TreeMemory | None] = tree_memory):
+                 measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = tree_memory):
         self.cfg = cfg
         self.memory = memory  # where the kernel's OOM kills are counted; None: they are not
-        self.measure = measure  # the memory of a child's process tree
+        self.measure = measure  # the memory of a child's process tree (PSS above the cap, else RSS)
         self.generation = 0  # the forkserver new children come from
         self.oom_seen = memory.oom_kills() if memory is not None else None  # the OOM kill counter, last read
         self.oom_unclaimed = 0  # OOM kills counted and not yet matched to a dead child
@@ -269,7 +269,7 @@ class ChildPool:
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:
-            sample = self.measure(child.pid, self._not_counted(child))
+            sample = self.measure(child.pid, self._not_counted(child), self.cfg.max_memory_per_child_mb * MiB)
             child.note_memory(sample, False)
             if sample is not None and sample.bytes > self.cfg.max_memory_per_child_mb * MiB:
                 self.replace(child, "max_memory")
@@ -298,7 +298,7 @@ class ChildPool:
         for child in list(self.children.values()):
             if child.stopping or not child.pid:
                 continue
-            sample = self.measure(child.pid, self._not_counted(child))
+            sample = self.measure(child.pid, self._not_counted(child), cap or None)
             over = bool(cap) and sample is not None and sample.bytes > cap
             if child.note_memory(sample, over) >= GRACE_SAMPLES and sample is not None:
                 facts.append(self._stop_over_cap(child, sample, now))
