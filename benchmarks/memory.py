@@ -9,7 +9,8 @@ The handler (benchmarks/model_handler.py) builds a model of --model-mb MiB at im
 - first job: seconds from starting the worker (the daemon process; Pool's parent) to the first job done;
 - USS / PSS: each child's unshared memory and proportional share, after the jobs read the model (MiB; the
   table shows the largest child's USS and the children's total USS and PSS);
-- jobs/s of --jobs jobs, from the server's records (Pool: the wall time of its map);
+- jobs/s of --jobs jobs, from the server's records (Pool: the wall time of its map), and the children's CPU
+  per job, which a machine shared with other work does not distort as it does jobs/s;
 - sample cost: what one sample of a child's process tree takes (supervisor.ops.procmem.tree_memory, read by
   the daemon once a second per child), in microseconds: by RSS (each second) and by PSS (read only while
   the tree's RSS is over --max-memory-per-child).
@@ -62,13 +63,26 @@ def sample_cost_us(pids: list[int], pss: bool, rounds: int = 30) -> float:
     return (time.perf_counter() - started) / rounds / max(1, len(pids)) * 1e6
 
 
+def children_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def summary(kind: str, procs: int, model_mb: int, first_s: float, mem: list[dict], jobs: int, rate: float,
-            cost: tuple[float, float] | None) -> dict:
+            cpu_s: float, cost: tuple[float, float] | None) -> dict:
     return {"worker": kind, "procs": procs, "model_mb": model_mb, "first_job_s": round(first_s, 3),
             "children": len(mem), "max_child_uss_mb": round(max(m["uss"] for m in mem) / MiB, 1),
             "total_uss_mb": round(sum(m["uss"] for m in mem) / MiB, 1),
             "total_pss_mb": round(sum(m["pss"] for m in mem) / MiB, 1), "jobs": jobs,
-            "jobs_per_s": round(rate, 2), "sample_rss_us": None if cost is None else round(cost[0], 1),
+            "jobs_per_s": round(rate, 2), "cpu_ms_per_job": round(cpu_s / jobs * 1000, 2),
+            "sample_rss_us": None if cost is None else round(cost[0], 1),
             "sample_pss_us": None if cost is None else round(cost[1], 1)}
 
 
@@ -91,6 +105,8 @@ def daemon_row(tmp: str, procs: int, preload: bool, model_mb: int, jobs: int, jo
                 raise RuntimeError(f"{name}: the first job did not finish")
             time.sleep(0.01)
         first = time.monotonic() - started
+        pids = [c.pid for c in daemon.children()]
+        cpu = children_cpu(pids)
         for start in range(0, jobs, 100):  # each job hashes its own part of the model
             server.api.bulk_create(name, [{"mb": job_mb, "at": (start + i) * job_mb}
                                           for i in range(min(100, jobs - start))])
@@ -100,14 +116,17 @@ def daemon_row(tmp: str, procs: int, preload: bool, model_mb: int, jobs: int, jo
                 raise RuntimeError(f"{name}: the jobs did not finish")
             time.sleep(0.05)
         done, span = db.span(name)
-        pids = [c.pid for c in daemon.children()]
+        if sorted(c.pid for c in daemon.children()) != sorted(pids):
+            raise RuntimeError(f"{name}: a child was replaced during the jobs; its CPU would be lost")
+        cpu = children_cpu(pids) - cpu
         mem = memory_of(pids)
         cost = sample_cost_us(pids, False), sample_cost_us(pids, True)
     finally:
         if daemon is not None:
             daemon.stop()
         server.stop()
-    return summary("daemon --preload" if preload else "daemon", procs, model_mb, first, mem, done, done / span, cost)
+    return summary("daemon --preload" if preload else "daemon", procs, model_mb, first, mem, done, done / span, cpu,
+                   cost)
 
 
 def pool_row(procs: int, model_mb: int, jobs: int, job_mb: int) -> dict:
@@ -135,26 +154,30 @@ def pool_main(procs: int, jobs: int, job_mb: int) -> None:
     try:
         pool.apply(_pool_job, ((0, job_mb),))
         first = time.monotonic() - started
+        pids = [p.pid for p in pool._pool]  # type: ignore[attr-defined]
+        cpu = children_cpu(pids)
         t0 = time.monotonic()
         pool.map(_pool_job, [(i * job_mb, job_mb) for i in range(jobs)], chunksize=1)
         rate = jobs / (time.monotonic() - t0)
-        mem = memory_of([p.pid for p in pool._pool])  # type: ignore[attr-defined]
+        cpu = children_cpu(pids) - cpu
+        mem = memory_of(pids)
     finally:
         pool.terminate()
         pool.join()
-    print(json.dumps(summary("multiprocessing.Pool", procs, len(model.MODEL) // MiB, first, mem, jobs, rate, None)))
+    print(json.dumps(summary("multiprocessing.Pool", procs, len(model.MODEL) // MiB, first, mem, jobs, rate, cpu,
+                             None)))
 
 
 def table(rows: list[dict], target_mb: float | None) -> str:
     head = (f"{'worker':<22} {'procs':>5} {'model':>6} {'first job':>9} {'max USS':>8} {'sum USS':>8} "
-            f"{'sum PSS':>8} {'jobs/s':>7} {'RSS us':>7} {'PSS us':>7}")
+            f"{'sum PSS':>8} {'jobs/s':>7} {'CPU ms/job':>10} {'RSS us':>7} {'PSS us':>7}")
     lines = ["MiB; first job in s from starting the worker; RSS/PSS us: one sample of a child's tree", head]
     for r in rows:
         rss = "" if r["sample_rss_us"] is None else f"{r['sample_rss_us']:.0f}"
         pss = "" if r["sample_pss_us"] is None else f"{r['sample_pss_us']:.0f}"
         lines.append(f"{r['worker']:<22} {r['procs']:>5} {r['model_mb']:>6} {r['first_job_s']:>9.2f} "
                      f"{r['max_child_uss_mb']:>8.1f} {r['total_uss_mb']:>8.1f} {r['total_pss_mb']:>8.1f} "
-                     f"{r['jobs_per_s']:>7.1f} {rss:>7} {pss:>7}")
+                     f"{r['jobs_per_s']:>7.1f} {r['cpu_ms_per_job']:>10.2f} {rss:>7} {pss:>7}")
     if target_mb is not None:
         lines.append(f"target: a --preload child's USS <= {target_mb:.1f} MiB (model-less child's + 10% of the model)")
     return "\n".join(lines)
