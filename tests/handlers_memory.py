@@ -1,7 +1,8 @@
 """Handlers for the memory tests (imported by the daemon's children, or its forkserver with --preload).
 
 At import it builds a "model" of $MEMORY_MODEL_MB MiB (default 0) of real, touched pages, and reads
-$MEMORY_VERSION_FILE (if set) so a reload test can see which code a child runs.
+$MEMORY_VERSION_FILE (if set) so a reload test can see which code a child runs; $MEMORY_IMPORT_SECS makes
+the import that much slower.
 `handle` payloads: {"do": "model"} reads the model; {"do": "alloc", "mb": N, "secs": S} holds N MiB in the
 child for S seconds; {"do": "sub_alloc", "mb": N, "secs": S} starts a subprocess that does that and waits
 for it (a tree the cap must count); {"do": "version"}.
@@ -18,6 +19,7 @@ MiB = 2**20
 MODEL = b"0123456789abcdef" * (int(os.environ.get("MEMORY_MODEL_MB", "0")) * MiB // 16)
 _version_file = os.environ.get("MEMORY_VERSION_FILE")
 VERSION = open(_version_file).read().strip() if _version_file else ""
+time.sleep(float(os.environ.get("MEMORY_IMPORT_SECS", "0")))  # a model that takes this long to load
 if os.environ.get("MEMORY_IMPORT_LOG"):  # every import of this module appended as a pid
     with open(os.environ["MEMORY_IMPORT_LOG"], "a") as _log:
         _log.write(f"{os.getpid()}\n")

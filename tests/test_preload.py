@@ -7,7 +7,8 @@ import signal
 
 import psutil
 import pytest
-from conftest import wait_for_status, wait_until
+from conftest import free_port, wait_for_status, wait_until
+from test_operate import status_of
 
 from supervisor import exitcodes
 
@@ -85,3 +86,34 @@ def test_a_reload_under_preload_imports_changed_code_through_a_new_forkserver(de
                timeout=20, what="the old forkserver retired once its children were gone")
     d.signal(signal.SIGTERM)
     assert d.wait(30) == 0
+
+
+@pytest.mark.timeout(90)
+def test_the_loop_keeps_turning_while_the_forkserver_imports_a_slow_model(dev_server, daemon_factory, tmp_path):
+    port = free_port()
+    version = tmp_path / "version"
+    version.write_text("one")
+    d = daemon_factory("preload-slow", handler="tests.handlers_memory:handle", procs=1,
+                       args=["--preload", "--health-port", str(port)],
+                       env={"MEMORY_IMPORT_SECS": "5", "MEMORY_VERSION_FILE": str(version)})
+    ages = []
+
+    def up():
+        try:
+            snap = status_of(port)
+        except Exception:
+            return False
+        ages.append(snap["loop_age_secs"])
+        return any(c["state"] == "idle" for c in snap["children"])
+
+    wait_until(up, timeout=40, interval=0.2, what="a child, after the 5 s import")
+    assert len(ages) > 10 and max(ages) < 3, ages  # /healthz would fail a loop stalled for 10 s
+    version.write_text("two")
+    d.signal(signal.SIGHUP)  # the new forkserver imports for 5 s too: the old child works on meanwhile
+    job = wait_for_status(dev_server, [dev_server.enqueue("preload-slow", {"do": "version"})], timeout=10)[0]
+    assert job["result"]["version"] == "one"
+    ages.clear()
+    wait_until(lambda: up() and wait_for_status(dev_server, [dev_server.enqueue("preload-slow", {"do": "version"})],
+                                                timeout=10)[0]["result"]["version"] == "two",
+               timeout=40, interval=0.5, what="the reloaded child")
+    assert max(ages) < 3, ages

@@ -2,8 +2,9 @@
 
 The parent puts the handler spec and its sys.path in SPOOLED_SUPERVISOR_PRELOAD while it starts the
 forkserver; this module, run at the forkserver's start, imports the handler's module, then freezes the
-garbage collector (gc.freeze) so collections in the children do not write to the shared pages. Every
-child forked afterwards finds the module already imported: its pages are shared copy-on-write.
+garbage collector (gc.freeze) so collections in the children do not write to the shared pages, and
+creates the `ready` file the parent waits for before it asks for a child. Every child forked afterwards
+finds the module already imported: its pages are shared copy-on-write.
 
 A failed import is not an error here: the forkserver must live on. Each child then imports the module
 itself, fails the same way and reports the traceback (exit code 3), as without --preload.
@@ -21,9 +22,10 @@ PRELOAD_ENV = "SPOOLED_SUPERVISOR_PRELOAD"
 error: str | None = None  # why the import failed in the forkserver, if it did
 
 
-def preload_order(handler: str, path: list[str]) -> str:
-    """What the parent puts in PRELOAD_ENV: the handler spec and the sys.path to import it with."""
-    return json.dumps({"handler": handler, "sys_path": path})
+def preload_order(handler: str, path: list[str], ready: str) -> str:
+    """What the parent puts in PRELOAD_ENV: the handler spec, the sys.path to import it with, and the file
+    to create once the import is over."""
+    return json.dumps({"handler": handler, "sys_path": path, "ready": ready})
 
 
 def _preload(order: str) -> None:
@@ -36,6 +38,11 @@ def _preload(order: str) -> None:
         error = f"{type(exc).__name__}: {exc}"
     gc.collect()
     gc.freeze()
+    try:
+        with open(json.loads(order)["ready"], "x"):
+            pass
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
 
 
 _order = os.environ.pop(PRELOAD_ENV, None)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor.backoff import backoff
-from supervisor.child.forkservers import renew_forkserver, retire_forkservers
+from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
 from supervisor.config import Config
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
@@ -93,6 +93,8 @@ class ChildPool:
                   if slot not in self.children and slot < self.target]
         if self.changed:
             times.append(now)
+        if len(self.children) < self.target and not ready(self.generation):
+            times.append(self.next_converge_at)  # look again soon: the forkserver is importing the handler
         return min(times) if times else None
 
     # ------------------------------------------------------------ changes asked from outside
@@ -145,9 +147,10 @@ class ChildPool:
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not stopping_for_good:
                 self._start_child(slot, now)
-        # A reload replaces one child at a time, and waits while a new child is starting, one is being
-        # stopped, or a slot is backing off after a failed start (new code that does not import).
-        replacing = bool(self.boot_failures) or any(
+        # A reload replaces one child at a time, and waits while its forkserver is still importing, a new
+        # child is starting, one is being stopped, or a slot is backing off after a failed start (new code
+        # that does not import).
+        replacing = bool(self.boot_failures) or not ready(self.generation) or any(
             c.starting or (c.stopping and c.stop_reason == "reload") for c in self.children.values())
         for child in list(self.children.values()):
             if child.slot >= self.target and (child.idle or child.starting):
@@ -356,6 +359,8 @@ class ChildPool:
         self.oom_seen, self.oom_unclaimed = self.memory.oom_kills(), 0
 
     def _start_child(self, slot: int, now: float) -> None:
+        if not ready(self.generation):
+            return  # its forkserver is still importing the handler: converge tries again shortly
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
                                 self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, self.generation)
