@@ -46,7 +46,7 @@ class ConfigError(Exception):
 class Config:
     api_url: str
     api_key: Secret = field(repr=False)
-    queue: str  # queues[0], kept for code that serves one queue
+    queue: str  # queues[0], kept for code that serves one queue; "" until taken from the handler's SDK worker
     handler: str
     worker_id: str
     hostname: str
@@ -75,9 +75,11 @@ class Config:
     grpc_url: str = DEFAULT_GRPC_URL
     until_empty: bool = False  # drain and exit once the queues are empty
     procs_source: str = ""  # where `procs` came from, for the start-up log
+    queue_source: str = ""  # where the queue came from when --queue was not given (the handler's SDK worker)
+    share_api_key: bool = False  # children get SPOOLED_API_KEY and SPOOLED_API_URL
 
     def __post_init__(self) -> None:
-        if not self.queues:
+        if not self.queues and self.queue:
             object.__setattr__(self, "queues", (self.queue,))
 
 
@@ -240,15 +242,19 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--queue", "SPOOLED_QUEUE", parse_queues, None, "queue(s) to claim jobs from; several as a,b,c are "
-           "served in that priority order", "Q[,Q...]"),
-    Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function; it "
-           "receives a context with job_id, payload, ...", "MOD:FN"),
+           "served in that priority order; default: the queue_name of the handler's SDK worker", "Q[,Q...]"),
+    Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function (or an "
+           "SDK SpooledWorker, whose queue stands in for --queue); it receives a context with job_id, payload, ...",
+           "MOD:FN"),
     Option("--procs", "SPOOLED_PROCS", whole(1, 1000), None, "number of child processes, 1-1000; default: the "
            "CPUs really granted (affinity mask capped by the cgroup CPU quota)", "N"),
     Option("--api-url", "SPOOLED_API_URL", parse_api_url, DEFAULT_API_URL, f"Spooled API base URL; default "
            f"{DEFAULT_API_URL}", "URL"),
     Option("--api-key-file", "SPOOLED_API_KEY_FILE", parse_text, None, "file holding the API key; otherwise "
            f"SPOOLED_API_KEY or $CREDENTIALS_DIRECTORY/{CREDENTIAL_NAME}", "PATH"),
+    Option("--share-api-key", "SPOOLED_SHARE_API_KEY", parse_bool, False, "give children SPOOLED_API_KEY and "
+           "SPOOLED_API_URL, for a handler module that builds its own SDK client; the variable takes "
+           "1/true/yes/on or 0/false/no/off", switch=True),
     Option("--worker-id", "SPOOLED_WORKER_ID", parse_worker_id, None, "stable worker id, reused across restarts; "
            "default: the hostname, e.g. the pod name", "ID"),
     Option("--lease", "SPOOLED_LEASE", whole(5, 3600), 30, "job lease in seconds, 5-3600, renewed every third of "
@@ -402,8 +408,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     sources: dict[str, str] = {}
     for opt in OPTIONS:
         values[opt.dest], sources[opt.dest] = resolve(opt, args, environ)
-    if values["queue"] is None:
-        raise ConfigError("--queue is required (or set SPOOLED_QUEUE)")
     if values["handler"] is None:
         raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
     url = urlsplit(values["api_url"])
@@ -429,9 +433,10 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     key_args = argparse.Namespace(api_key=args.api_key, api_key_file=values["api_key_file"])
     key = read_api_key(key_args, environ, sources["api_key_file"])
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
-    queues = values["queue"]
+    queues = values["queue"] or ()  # none: the handler's SDK worker must name it (see commands/run.py)
     return Config(
-        api_url=values["api_url"], api_key=key, queue=queues[0], handler=values["handler"], worker_id=worker_id,
+        api_url=values["api_url"], api_key=key, queue=queues[0] if queues else "", handler=values["handler"],
+        worker_id=worker_id,
         hostname=host_clean[:255], procs=procs, lease=values["lease"], drain_timeout=float(values["drain_timeout"]),
         poll_interval=float(values["poll_interval"]), max_jobs_per_child=values["max_jobs_per_child"],
         max_memory_per_child_mb=values["max_memory_per_child"], kill_grace=float(values["kill_grace"]),
@@ -440,5 +445,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         health_host=values["health_host"], health_port=values["health_port"], log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
-        procs_source=procs_source, preload=values["preload"], memory_high=high, memory_max=top,
+        procs_source=procs_source, share_api_key=values["share_api_key"], preload=values["preload"],
+        memory_high=high, memory_max=top,
     )

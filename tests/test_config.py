@@ -46,6 +46,7 @@ BAD_VALUES = {
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
     "SPOOLED_GRPC_URL": ("grpc.example.com", "HOST:PORT"),
     "SPOOLED_UNTIL_EMPTY": ("2", "1/true/yes/on or 0/false/no/off"),
+    "SPOOLED_SHARE_API_KEY": ("sure", "1/true/yes/on or 0/false/no/off"),
 }
 
 
@@ -71,7 +72,9 @@ def test_bad_environment_value_names_the_variable(name):
 
 
 @pytest.mark.parametrize("name", sorted(n for n in BAD_VALUES if n not in ("SPOOLED_ALLOW_INSECURE_HTTP",
-                                                                           "SPOOLED_UNTIL_EMPTY", "SPOOLED_PRELOAD")))
+                                                                           "SPOOLED_UNTIL_EMPTY",
+                                                                           "SPOOLED_SHARE_API_KEY",
+                                                                           "SPOOLED_PRELOAD")))
 def test_the_same_bad_value_as_a_flag_names_the_flag(name):
     value, allowed = BAD_VALUES[name]
     flag = next(opt.flag for opt in OPTIONS if opt.env == name)

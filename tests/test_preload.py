@@ -60,7 +60,7 @@ def test_an_import_error_under_preload_exits_3(dev_server, daemon_factory, tmp_p
         env = {"CHAOS_BOOT_FAIL_FLAG": str(flag)}
     d = daemon_factory("preload-bad", handler=handler, procs=2, args=["--preload"], env=env)
     assert d.wait(45) == exitcodes.HANDLER_IMPORT
-    errors = [r for r in d.records() if str(r.get("msg")).startswith(f"cannot import handler {handler}:\n")]
+    errors = [r for r in d.records() if str(r.get("msg")).startswith(f"cannot import handler {handler}")]
     assert errors and errors[0]["level"] == "error", d.records()[-5:]
 
 

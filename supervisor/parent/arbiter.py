@@ -121,7 +121,8 @@ class Arbiter:
         log_event(log, INFO, "supervisor starting", worker_id=self.cfg.worker_id, queue=",".join(self.cfg.queues),
                   procs=self.pool.target, procs_source=self.cfg.procs_source, handler=self.cfg.handler,
                   api_url=self.cfg.api_url, prefetch="auto" if self.cfg.prefetch is None else self.cfg.prefetch,
-                  max_rps=self.cfg.max_rps, version=__version__)
+                  max_rps=self.cfg.max_rps, version=__version__,
+                  **({"queue_from": self.cfg.queue_source} if self.cfg.queue_source else {}))
         self.pool.converge(time.monotonic(), stopping_for_good=False)
         try:
             while self.exit_code is None:
@@ -265,7 +266,7 @@ class Arbiter:
         try:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:
-            log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}:\n{exc}")
+            log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}: {exc}")
             self.finish(exitcodes.HANDLER_IMPORT)
 
     def child_ready(self, fact: ChildReady, now: float) -> None:

@@ -25,6 +25,7 @@ from supervisor.child import forkservers
 from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
+from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.ops.procmem import TreeMemory
 
@@ -199,12 +200,19 @@ def multiprocessing_helper_pids() -> set[int]:
     return forkservers.pids() | ({tracker} if tracker else set())
 
 
+def shared_env(cfg: Config) -> dict[str, str]:
+    """What children add to their environment: the API key and URL with --share-api-key, else nothing."""
+    if not cfg.share_api_key:
+        return {}
+    return {"SPOOLED_API_KEY": cfg.api_key.value, "SPOOLED_API_URL": cfg.api_url}
+
+
 def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int,
-                generation: int = 0) -> Child:
+                env: dict[str, str] | None = None, generation: int = 0) -> Child:
     parent_end, child_end = socket.socketpair()
     proc = _CONTEXT.Process(
         target=child_main,
-        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid(), _group_grace),
+        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid(), _group_grace, env),
         name=f"spooled-child-{slot}",
     )
     try:

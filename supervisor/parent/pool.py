@@ -14,19 +14,14 @@ import time
 from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
 
+from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
 from supervisor.config import Config
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.ops.procmem import TreeMemory, tree_memory
-from supervisor.parent.childproc import (
-    Child,
-    death_cause,
-    kill_group,
-    signal_child,
-    spawn_child,
-)
+from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
 
@@ -193,7 +188,9 @@ class ChildPool:
             frame = msg.get("t")
             if frame == "ready":
                 keeper = msg.get("keeper")
-                facts.append(self._ready(child, keeper if isinstance(keeper, int) else None))
+                facts.append(ready := self._ready(child, keeper if isinstance(keeper, int) else None))
+                if ready.first and isinstance(msg.get("about"), dict):
+                    self._report_handler(msg["about"])
             elif frame == "done":
                 facts.append(self._done(child, msg))
             elif frame == "boot_error":
@@ -266,6 +263,12 @@ class ChildPool:
         self.changed = True
         first, self.any_ready = not self.any_ready, True
         return ChildReady(child.slot, first)
+
+    def _report_handler(self, about: dict) -> None:
+        """Once, from the first child up: what was taken from the handler's SDK worker and what was not."""
+        given = None if self.cfg.queue_source else self.cfg.queues
+        for text, fields in sdkworker.report(self.cfg.handler, about, given):
+            log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
 
     def _done(self, child: Child, msg: dict) -> JobDone:
         child.finish_job()
@@ -363,7 +366,8 @@ class ChildPool:
             return  # its forkserver is still importing the handler: converge tries again shortly
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
-                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, self.generation)
+                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, env=shared_env(self.cfg),
+                                generation=self.generation)
         except OSError as exc:  # out of processes or memory: back off like a child that failed to start
             failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
             self.last_boot_failure = now
