@@ -166,7 +166,7 @@ class FakeMemory:
 
 @dataclass
 class FakePs:
-    """What `Child.read_rss` asks psutil; `rss` is set by the test."""
+    """What the arbiter's tree_usage asks psutil of a child (`Child.ps`)."""
 
     rss: int = 10 * MiB
 

@@ -65,7 +65,7 @@ class Child:
     replace_reason: str | None = None  # replace it once idle, for this reason (reload, max_jobs, max_memory, resize)
     stop_reason: str | None = None  # why it was asked to stop
     kill_at: float | None = None  # SIGKILL at this time if it has not exited
-    rss: int | None = None  # resident memory at the last check
+    rss: int | None = None  # its process tree's memory at the last sample, in bytes (as `memory.bytes`)
     generation: int = 0  # the forkserver it came from (a reload with --preload starts a new one)
     memory: TreeMemory | None = None  # its process tree's memory at the last sample
     over_cap: int = 0  # samples in a row its tree was over --max-memory-per-child during a job
@@ -176,14 +176,6 @@ class Child:
             except psutil.Error:
                 return None
         return self._ps
-
-    def read_rss(self) -> int | None:
-        try:
-            proc = self.ps()
-            self.rss = proc.memory_info().rss if proc else None
-        except psutil.Error:
-            self.rss = None
-        return self.rss
 
 
 def job_quota(max_jobs: int) -> int:
