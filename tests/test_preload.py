@@ -117,3 +117,27 @@ def test_the_loop_keeps_turning_while_the_forkserver_imports_a_slow_model(dev_se
                                                 timeout=10)[0]["result"]["version"] == "two",
                timeout=40, interval=0.5, what="the reloaded child")
     assert max(ages) < 3, ages
+
+
+@pytest.mark.timeout(90)
+def test_two_reloads_in_a_row_leave_one_forkserver_and_never_stall_the_loop(dev_server, daemon_factory, tmp_path):
+    port = free_port()
+    version = tmp_path / "version"
+    version.write_text("one")
+    d = daemon_factory("preload-twice", handler="tests.handlers_memory:handle", procs=1,
+                       args=["--preload", "--health-port", str(port)],
+                       env={"MEMORY_IMPORT_SECS": "3", "MEMORY_VERSION_FILE": str(version)}).wait_ready(60)
+    version.write_text("two")
+    d.signal(signal.SIGHUP)
+    wait_until(lambda: len(forkservers(d)) == 2, timeout=10, what="the first reload's forkserver")
+    version.write_text("three")
+    d.signal(signal.SIGHUP)  # while the first reload's forkserver is still importing
+    ages = []
+
+    def settled():
+        ages.append(status_of(port)["loop_age_secs"])
+        return len(forkservers(d)) == 1 and d.child_pids() and wait_for_status(
+            dev_server, [dev_server.enqueue("preload-twice", {"do": "version"})], timeout=10)[0]["result"]["version"]
+
+    assert wait_until(settled, timeout=60, interval=0.3, what="one forkserver, serving the newest code") == "three"
+    assert max(ages) < 3, ages

@@ -64,8 +64,10 @@ def ready(generation: int) -> bool:
 
 
 def retire_forkservers(in_use: set[int]) -> list[int]:
-    """Stop every forkserver, but the current one, that no live child came from; return their generations."""
-    done = [gen for gen in _servers if gen != _current and gen not in in_use]
+    """Stop every forkserver, but the current one, that no live child came from; return their generations.
+    One still importing is left for later: it would notice it is asked to stop only once its import ends,
+    and the stop waits for it to exit."""
+    done = [gen for gen in _servers if gen != _current and gen not in in_use and ready(gen)]
     for gen in done:
         try:
             _servers.pop(gen)._stop()  # type: ignore[attr-defined]  # private, undeclared
