@@ -84,9 +84,11 @@ def test_pressure_pauses_sheds_the_newest_job_keeps_renewing_and_resumes(dev_ser
         assert "this job, the newest running, was stopped so that it can retry elsewhere" in shed["last_error"]
         d.wait_events("memory above the max threshold: stopping the newest running job", job_id=newest)
 
-        # Still above high (the older job's 100 MiB and a new child): paused, so a new job waits.
+        d.wait_events("memory above the high threshold: pausing claims and handing reserved jobs back")
         memory = status_of(port)["memory"]
-        assert memory["paused"] and memory["source"] in ("cgroup1", "cgroup2") and memory["limit_bytes"] == 1024 * MiB
+        assert memory["source"] in ("cgroup1", "cgroup2") and memory["limit_bytes"] == 1024 * MiB
+        assert memory["shed_jobs"] == 1 and memory["high_bytes"] == 220 * MiB and memory["max_bytes"] == 330 * MiB
+        # While paused (the older job's 100 MiB and a new child may keep it above the resume line), a new job waits.
         waiting = dev_server.enqueue("pressure", {"do": "version"})
         held = dev_server.job(waiting)["status"]
         if status_of(port)["memory"]["paused"]:  # paused from before it was enqueued to after it was read
