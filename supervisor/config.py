@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from supervisor import cli
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
+from supervisor.ops.deletion_cost import NotInPod, PodRef, in_cluster
 
 DEFAULT_API_URL = "https://api.spooled.cloud"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -66,6 +68,8 @@ class Config:
     allow_insecure_http: bool = False
     health_host: str = "127.0.0.1"
     health_port: int | None = None
+    ready_api_silence: float = 60.0  # /readyz fails after this long without an API answer
+    k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
     queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
@@ -290,6 +294,11 @@ OPTIONS: tuple[Option, ...] = (
            "and /status on this port, 0-65535; off by default", "PORT"),
     Option("--health-host", "SPOOLED_HEALTH_HOST", parse_text, "127.0.0.1", "address for the health port; "
            "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
+    Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, above=True), 60.0, "/readyz fails once "
+           "the API has not answered for this many seconds (/healthz never looks at the API); default 60", "S"),
+    Option("--k8s-deletion-cost", "SPOOLED_K8S_DELETION_COST", parse_bool, False, "keep this pod's "
+           "pod-deletion-cost annotation current so scale-downs remove idle pods first (needs the deletion-cost "
+           "RBAC component); the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
     Option("--log-format", "SPOOLED_LOG_FORMAT", choice("auto", "json", "text"), "auto", "log lines as JSON or "
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
@@ -312,13 +321,13 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors (unknown flag, missing value) raise one-line ConfigErrors instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m supervisor run --help)")
+        raise ConfigError(f"{message} (see {cli.program()} run --help)")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The `run` argument parser. Values stay text here (None when not given); `resolve` parses them."""
     p = OneLineParser(
-        prog="python -m supervisor [run]",
+        prog=f"{cli.program()} [run]",
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
         "the environment variable shown; a flag beats its variable. The API key comes from SPOOLED_API_KEY, "
         f"--api-key-file, or the systemd credential '{CREDENTIAL_NAME}' - never from a flag value, so it never "
@@ -330,6 +339,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         else:
             p.add_argument(opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} ({opt.env})")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
+    cli.add_version(p)
     return p
 
 
@@ -424,6 +434,12 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
                  for d in ("memory_high", "memory_max")]
         shown = [f"{v:g}%" if pct else f"{v:g} MiB" for v, pct in (high, top)]
         raise ConfigError(f"{names[0]} must be below {names[1]}, got {shown[0]} and {shown[1]}")
+    k8s_pod = None
+    if values["k8s_deletion_cost"]:
+        try:
+            k8s_pod = in_cluster(environ)
+        except NotInPod as exc:
+            raise ConfigError(str(exc)) from None
     procs, procs_source = values["procs"], f"procs={values['procs']} from {sources['procs']}"
     if procs is None:
         procs, procs_source = granted_cpus()
@@ -442,7 +458,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         max_memory_per_child_mb=values["max_memory_per_child"], kill_grace=float(values["kill_grace"]),
         max_result_bytes=values["max_result_bytes"], api_timeout=float(values["api_timeout"]),
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
-        health_host=values["health_host"], health_port=values["health_port"], log_format=values["log_format"],
+        health_host=values["health_host"], health_port=values["health_port"],
+        ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], preload=values["preload"],

@@ -39,6 +39,8 @@ BAD_VALUES = {
     "SPOOLED_ALLOW_INSECURE_HTTP": ("TRUEISH", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_HEALTH_PORT": ("65536", "between 0 and 65535"),
     "SPOOLED_HEALTH_HOST": ("  ", "empty"),
+    "SPOOLED_READY_API_SILENCE": ("0", "above 0"),
+    "SPOOLED_K8S_DELETION_COST": ("maybe", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
@@ -73,6 +75,7 @@ def test_bad_environment_value_names_the_variable(name):
 
 @pytest.mark.parametrize("name", sorted(n for n in BAD_VALUES if n not in ("SPOOLED_ALLOW_INSECURE_HTTP",
                                                                            "SPOOLED_UNTIL_EMPTY",
+                                                                           "SPOOLED_K8S_DELETION_COST",
                                                                            "SPOOLED_SHARE_API_KEY",
                                                                            "SPOOLED_PRELOAD")))
 def test_the_same_bad_value_as_a_flag_names_the_flag(name):

@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
         client = make_api(cfg, on_request=hooks.api_request)  # type: ignore[assignment]  # builds the same calls
     arbiter = Arbiter(cfg, client, hooks)
     try:
-        hooks.start(arbiter.snapshot)
+        hooks.start(arbiter.snapshot, arbiter.ask_drain)
     except OSError as exc:
         log.error("cannot serve the health port %s: %s", cfg.health_port, exc)
         return exitcodes.CONFIG

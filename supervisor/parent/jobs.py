@@ -74,10 +74,14 @@ class JobFlow:
         self.claim_rtt = Ewma()  # claim round trip (s), measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
+        self.starting = True  # waiting jobs go to idle children; False once stop_starting()
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
-        return not self.inflight.jobs and not self.claim_inflight
+        """Nothing left to finish: no job held (or, after stop_starting, none but the unstarted reserve)."""
+        if self.claim_inflight:
+            return False
+        return not self.inflight.jobs if self.starting else self.inflight.waiting_count() == len(self.inflight)
 
     def next_deadline(self, now: float, may_claim: bool, idle: int, claim_gate: float = 0.0) -> float | None:
         """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
@@ -169,8 +173,14 @@ class JobFlow:
         return len(entries)
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
-        """Which idle child takes which waiting job, oldest job first."""
-        return list(zip(idle, self.inflight.waiting(), strict=False))
+        """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
+        return list(zip(idle, self.inflight.waiting(), strict=False)) if self.starting else []
+
+    def stop_starting(self) -> None:
+        """Hand no more waiting jobs to children. They stay held (leases renewed) until deregistering hands
+        them back to the queue unaltered: the API has no route that releases one job, and failing it would
+        spend one of its retries."""
+        self.starting = False
 
     def started(self, entry: Entry, child: Child, now: float) -> None:
         self.inflight.start(entry, child.slot, child.pid, now)

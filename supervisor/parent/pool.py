@@ -77,6 +77,10 @@ class ChildPool:
         """Every slot has a child and none is still starting."""
         return len(self.children) >= self.target and not any(c.starting for c in self.children.values())
 
+    def all_up_since(self, since: float) -> bool:
+        """Every slot has a child, up, and started at or after `since` (so a reload then has reached all)."""
+        return self.all_up() and all(c.started_at >= since for c in self.children.values())
+
     def degraded(self, now: float) -> bool:
         """Children are crash-looping: a boot failure lately, or 3 crashes within DEGRADED_FOR."""
         crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
