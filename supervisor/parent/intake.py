@@ -21,6 +21,8 @@ SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
 NEED_SLACK_RTTS = 0.5  # next_need_at wakes the loop this many round trips after the need (of the two the
 # horizon covers): a child's answer in between, every few ms with short jobs, claims then at no extra turn
 MAX_STEPS = 32  # next_need_at looks this many starts ahead at most (it costs the loop every turn)
+HOLD_MAX_RUN = 0.25  # seconds: a busy child is sent its next job ahead only when jobs run no longer than
+# this (and its own is expected to end within it), so a long job never waits behind another
 MIN_BATCH_WINDOW = 0.1  # seconds: a claim carries at least this long's starts, so short jobs do not
 # cost a claim each (a claim request costs the API and both processes more CPU than a job's complete)
 
@@ -86,6 +88,13 @@ def claim_size(n: Need) -> int:
     if n.prefetch is not None:
         want = min(want, n.prefetch + n.idle - n.waiting)
     return max(0, min(MAX_CLAIM, want))
+
+
+def may_hold(run_time: float | None, left: float) -> bool:
+    """Whether a busy child whose job has `left` seconds to run may be sent a job of `run_time` seconds
+    (an estimate; None = unknown) ahead: both short, so the parent's wake-up and the round trip are no
+    longer between the child's jobs, and a held job waits little."""
+    return run_time is not None and run_time <= HOLD_MAX_RUN and left <= HOLD_MAX_RUN
 
 
 def next_need_at(now: float, n: Need) -> float | None:

@@ -28,11 +28,24 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob, Submit
+from supervisor.parent.facts import (
+    ChildLost,
+    Fact,
+    Fatal,
+    Followup,
+    JobDone,
+    JobReturned,
+    JobStarted,
+    RecallJob,
+    StopJob,
+    Submit,
+)
 from supervisor.parent.inflight import Entry, InFlight, Outcome
-from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
+from supervisor.parent.intake import Ewma, Need, claim_size, may_hold, next_need_at
 
 log = logging.getLogger("supervisor")
+
+HELD_LEASE_MARGIN = 1.0  # seconds: a held job is started by its child only this long before its lease ends
 
 
 class QueueIntake:
@@ -117,15 +130,20 @@ class JobFlow:
         whether its last claim came back short (`empty`) — for /status, read on the health server's thread, so
         it iterates copies of the tables the loop changes."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
-        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting())):
+        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting()),
+                             ("reserved", self.inflight.held())):
             for e in entries:
                 if e.queue in out:
                     out[e.queue][key] += 1
         return out
 
     def reserved(self) -> int:
-        """Jobs claimed and not yet started: the reserve."""
-        return self.inflight.waiting_count()
+        """Jobs claimed and not yet started: the reserve (those held by busy children included)."""
+        return self.inflight.waiting_count() + self.inflight.held_count()
+
+    def held(self) -> int:
+        """Jobs sent ahead to busy children and not started yet."""
+        return self.inflight.held_count()
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
@@ -136,6 +154,16 @@ class JobFlow:
                 "duration": round(duration, 4)}
 
     # ------------------------------------------------------------ what children did
+    def from_child(self, fact: JobDone | JobStarted | JobReturned | ChildLost, now: float) -> list[Fact]:
+        """Act on what a child did with its jobs: answered, started a held one, gave one back, was lost."""
+        if isinstance(fact, JobDone):
+            return self.job_done(fact, now)
+        if isinstance(fact, JobStarted):
+            return self.job_started(fact, now)
+        if isinstance(fact, JobReturned):
+            return self.job_returned(fact, now)
+        return self.child_lost(fact, now)
+
     def job_done(self, fact: JobDone, now: float) -> list[Fact]:
         """A child answered for its job: record the outcome; `send_reports` tells the API."""
         entry = self.inflight.get(fact.job_id)
@@ -159,12 +187,69 @@ class JobFlow:
         self._fail(entry, fact.error, now, fact.outcome)
         return []
 
+    def job_started(self, fact: JobStarted, now: float) -> list[Fact]:
+        """A child started the job it held (at `fact.at`): its timeout counts from then. A job no longer
+        held for that child (its lease was lost meanwhile) has its child stopped."""
+        entry = self.inflight.get(fact.job_id)
+        if entry is None or not entry.held or entry.slot != fact.slot:
+            log_event(log, WARNING, "a child started a job no longer held for it; stopping it", job_id=fact.job_id,
+                      slot=fact.slot)
+            return [StopJob(fact.slot, fact.job_id, "lease_lost")]
+        self._start(entry, fact.slot, entry.pid, fact.at)
+        return []
+
+    def job_returned(self, fact: JobReturned, now: float) -> list[Fact]:
+        """A child gave back its held job unstarted: it waits for a child again."""
+        entry = self.inflight.get(fact.job_id)
+        if entry is not None and entry.held and entry.slot == fact.slot:
+            self.inflight.unhold(entry)
+            log_event(log, DEBUG, "held job returned", job_id=entry.id, slot=fact.slot)
+        return []
+
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
         """Which idle child takes which waiting job, oldest job first."""
         return list(zip(idle, self.inflight.waiting(), strict=False))
 
+    def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
+        """Which busy child (of those that may hold one) is sent which waiting job ahead, to start it the
+        moment its own job ends: only jobs of queues whose jobs are short, for children whose job is
+        expected to end soon, the soonest first; never with --prefetch 0."""
+        if self.cfg.prefetch == 0 or not busy or not self.inflight.waiting_count():
+            return []
+        left = {e.slot: self._time_left(e, now) for e in self.inflight.jobs.values()
+                if e.slot is not None and e.outcome is None and not e.held}
+        ready = sorted((left.get(c.slot, math.inf), c.slot, c) for c in busy)
+        out = []
+        children = iter(ready)
+        for entry in self.inflight.waiting():
+            intake = self.queues.get(entry.queue)
+            if intake is None or not may_hold(intake.run_time.value, 0.0):
+                continue
+            remaining, _, child = next(children, (math.inf, 0, None))
+            if child is None or not may_hold(intake.run_time.value, remaining):
+                break
+            out.append((child, entry))
+        return out
+
+    def start_by(self, entry: Entry) -> float:
+        """The latest time a child may start the held `entry` on its own: a margin before its lease (as
+        last renewed) runs out. Later, the child gives it back and the parent decides."""
+        return entry.lease_until - min(HELD_LEASE_MARGIN, self.cfg.lease / 10.0)
+
+    def hold(self, entry: Entry, child: Child) -> None:
+        """`entry` was sent ahead to the busy `child`."""
+        self.inflight.hold(entry, child.slot, child.pid)
+        log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
+
+    def recall_held(self) -> list[Fact]:
+        """Ask for every held job back (a drain begins: no child starts a job on its own from now on)."""
+        return [RecallJob(e.slot, e.id) for e in self.inflight.held() if e.slot is not None]
+
     def started(self, entry: Entry, child: Child, now: float) -> None:
-        self.inflight.start(entry, child.slot, child.pid, now)
+        self._start(entry, child.slot, child.pid, now)
+
+    def _start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
+        self.inflight.start(entry, slot, pid, now)
         waits = self.reserve_waits
         waits.append(now - entry.claimed_at)
         if len(waits) > 1000:
@@ -189,7 +274,7 @@ class JobFlow:
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
-        return Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
+        return Need(idle=idle, waiting=self.reserved(), remaining=self._busy_remaining(now),
                     procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
                     prefetch=self.cfg.prefetch, rate=rate)
 
@@ -200,14 +285,14 @@ class JobFlow:
 
     def _busy_remaining(self, now: float) -> tuple[float, ...]:
         """Expected seconds left of each running job (inf where its queue has no estimate yet)."""
-        out = []
-        for e in self.inflight.jobs.values():
-            if e.slot is None or e.outcome is not None:
-                continue  # waiting for a child, or done
-            intake = self.queues.get(e.queue)
-            est = intake.run_time.value if intake is not None else None
-            out.append(math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now))
-        return tuple(out)
+        return tuple(self._time_left(e, now) for e in self.inflight.jobs.values()
+                     if e.slot is not None and e.outcome is None and not e.held)  # not waiting, held or done
+
+    def _time_left(self, e: Entry, now: float) -> float:
+        """Expected seconds left of the running job `e` (inf where its queue has no estimate yet)."""
+        intake = self.queues.get(e.queue)
+        est = intake.run_time.value if intake is not None else None
+        return math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now)
 
     def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
         self.claim_inflight = False
@@ -330,7 +415,7 @@ class JobFlow:
         if not self.inflight.due(now):
             return []
         facts: list[Fact] = []
-        for entry in self.inflight.waiting():
+        for entry in self.inflight.waiting() + self.inflight.held():
             if entry.lease_until <= now and not entry.renewing:
                 # The loop did not run for longer than the lease (the host paused, the API unreachable):
                 # the server has re-queued the job, so this copy must never reach a child.
@@ -387,7 +472,9 @@ class JobFlow:
         self.inflight.pop(entry.id)
         self.hooks.job_finished(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
-        return [StopJob(entry.slot, entry.id, "lease_lost")] if entry.slot is not None else []
+        if entry.slot is None:
+            return []
+        return [RecallJob(entry.slot, entry.id) if entry.held else StopJob(entry.slot, entry.id, "lease_lost")]
 
     def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
