@@ -202,9 +202,10 @@ def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, dict]) -> 
         out += [{"t": "dropped", "id": job_id} for job_id in held]
     else:
         msg = next_held(held, out)
-        job = msg["job"] if msg is not None else None
-        if msg is not None and msg.get("held"):  # sent as a held job: the parent learns here that it started
-            out.append({"t": "started", "id": job["id"], "at": time.monotonic()})
+        if msg is not None:
+            job = msg["job"]
+            if msg.get("held"):  # sent as a held job: the parent learns here that it started
+                out.append({"t": "started", "id": job["id"], "at": time.monotonic()})
     return job, _write(sock, out) and not stop
 
 

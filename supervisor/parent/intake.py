@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 
 MAX_CLAIM = 100  # the API's largest `limit`
@@ -38,6 +39,22 @@ class Ewma:
         self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
 
 
+class Tail:
+    """A high percentile of the last `window` samples (claim round trips): claims sized and timed on it,
+    not on the mean, so one slow answer in ten does not leave a child without a job. `value` is None
+    until the first sample."""
+
+    def __init__(self, quantile: float = 0.9, window: int = 32):
+        self.quantile = quantile
+        self.samples: deque[float] = deque(maxlen=window)
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.samples.append(sample)
+        ordered = sorted(self.samples)
+        self.value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+
+
 @dataclass(frozen=True)
 class Need:
     """What the job flow knows when it decides to claim."""
@@ -46,7 +63,7 @@ class Need:
     waiting: int  # jobs claimed and not yet started
     remaining: tuple[float, ...]  # for each busy child, its job's expected time left (s); unknown: inf
     procs: int  # children in the pool
-    rtt: float | None  # claim round trip estimate (s)
+    rtt: float | None  # claim round trip estimate (s): a high percentile of those measured
     run_time: float | None  # job run time estimate (s), across the queues served
     prefetch: int | None  # None = auto; 0 = only for idle children; N = at most N reserved
     rate: float | None  # requests/s the daemon may spend, if known

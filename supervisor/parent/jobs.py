@@ -41,7 +41,7 @@ from supervisor.parent.facts import (
     Submit,
 )
 from supervisor.parent.inflight import Entry, InFlight, Outcome
-from supervisor.parent.intake import Ewma, Need, claim_size, may_hold, next_need_at
+from supervisor.parent.intake import Ewma, Need, Tail, claim_size, may_hold, next_need_at
 
 log = logging.getLogger("supervisor")
 
@@ -84,7 +84,7 @@ class JobFlow:
         self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
         self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
         self.claim_failures = 0  # claims in a row that failed
-        self.claim_rtt = Ewma()  # claim round trip (s), measured
+        self.claim_rtt = Tail()  # claim round trip (s): the 90th percentile of the last 32 measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
 
