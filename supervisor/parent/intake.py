@@ -114,6 +114,12 @@ def may_hold(run_time: float | None, left: float) -> bool:
     return run_time is not None and run_time <= HOLD_MAX_RUN and left <= HOLD_MAX_RUN
 
 
+def hold_overdue(run_time: float | None, elapsed: float) -> bool:
+    """Whether a child's job has run so far past the estimate (`run_time`) that the job it holds should
+    come back, for a child that frees sooner."""
+    return run_time is None or elapsed > run_time + HOLD_MAX_RUN
+
+
 def next_need_at(now: float, n: Need) -> float | None:
     """When the loop should wake to claim: NEED_SLACK_RTTS round trips after the starts within the
     horizon first outnumber the jobs waiting (claim_size's test), not at each busy child's entry into

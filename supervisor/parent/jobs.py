@@ -41,7 +41,7 @@ from supervisor.parent.facts import (
     Submit,
 )
 from supervisor.parent.inflight import Entry, InFlight, Outcome
-from supervisor.parent.intake import Ewma, Need, Tail, claim_size, may_hold, next_need_at
+from supervisor.parent.intake import Ewma, Need, Tail, claim_size, hold_overdue, may_hold, next_need_at
 
 log = logging.getLogger("supervisor")
 
@@ -201,9 +201,10 @@ class JobFlow:
     def job_returned(self, fact: JobReturned, now: float) -> list[Fact]:
         """A child gave back its held job unstarted: it waits for a child again."""
         entry = self.inflight.get(fact.job_id)
-        if entry is not None and entry.held and entry.slot == fact.slot:
+        kept = entry is not None and entry.held and entry.slot == fact.slot
+        if entry is not None and kept:
             self.inflight.unhold(entry)
-            log_event(log, DEBUG, "held job returned", job_id=entry.id, slot=fact.slot)
+        log_event(log, DEBUG, "held job returned", job_id=fact.job_id, slot=fact.slot, kept=kept)
         return []
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
@@ -240,6 +241,23 @@ class JobFlow:
         """`entry` was sent ahead to the busy `child`."""
         self.inflight.hold(entry, child.slot, child.pid)
         log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
+
+    def overdue_holds(self, now: float) -> list[Fact]:
+        """Ask back the held jobs whose child's job has run well past its queue's estimate: in the
+        reserve, the first child to free takes them."""
+        if not self.inflight.held_count():
+            return []
+        running = {e.slot: e for e in self.inflight.jobs.values()
+                   if e.slot is not None and e.outcome is None and not e.held and e.started_at is not None}
+        out: list[Fact] = []
+        for held in self.inflight.held():
+            job = running.get(held.slot) if held.slot is not None else None
+            if job is None or job.started_at is None or held.slot is None:
+                continue  # its child is between jobs: it starts the held one now
+            intake = self.queues.get(job.queue)
+            if hold_overdue(intake.run_time.value if intake else None, now - job.started_at):
+                out.append(RecallJob(held.slot, held.id))
+        return out
 
     def recall_held(self) -> list[Fact]:
         """Ask for every held job back (a drain begins: no child starts a job on its own from now on)."""
