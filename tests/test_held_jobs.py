@@ -14,14 +14,28 @@ import socket
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from conftest import DevServer, free_port, wait_for_status, wait_until
+from flow_sim import make_cfg
 from intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
 
 from supervisor.child import main as child_main
 from supervisor.child import wire
-from supervisor.parent.intake import HOLD_MAX_RUN, Tail, hold_overdue, may_hold
+from supervisor.client.rest import Secret, SpooledAPI
+from supervisor.parent.events import NullHooks
+from supervisor.parent.facts import ChildLost, JobDone, JobReturned, JobStarted, RecallJob, StopJob
+from supervisor.parent.intake import (
+    HISTORY_MIN_JOBS,
+    HOLD_MAX_RUN,
+    Ewma,
+    Tail,
+    history_run_time,
+    hold_overdue,
+    may_hold,
+)
+from supervisor.parent.jobs import JobFlow
 
 RECORD = "tests.handlers_intake:record"
 
@@ -280,7 +294,7 @@ def test_only_short_jobs_are_held_and_only_behind_a_job_about_to_end():
     assert not may_hold(2.0, 0.0) and not may_hold(0.02, 1.0)
 
 
-def test_a_held_job_is_asked_back_once_the_job_ahead_overruns_its_estimate():
+def test_no_job_is_held_behind_one_that_overruns_its_estimate():
     assert not hold_overdue(0.02, 0.02 + HOLD_MAX_RUN)
     assert hold_overdue(0.02, 0.03 + HOLD_MAX_RUN) and hold_overdue(None, 0.0)
 
@@ -293,3 +307,96 @@ def test_claims_read_the_tail_of_the_round_trips_not_their_mean():
     for _ in range(10):
         rtt.add(0.02)
     assert rtt.value == 0.02  # and it leaves the window
+
+
+def test_a_queues_history_of_short_jobs_lets_a_new_daemon_reach_ahead_before_its_first_job_ends():
+    """The queue's statistics (the mean processing time of its jobs) seed the run time of a daemon that has
+    measured none: its second job is claimed and held while its first still runs, not claimed after it."""
+    seed = Ewma()
+    seed.seed(0.5)
+    assert seed.value == 0.5 and seed.seeded
+    seed.add(0.02)
+    assert seed.value == 0.02  # the first measure replaces the prior outright
+    stats = {"completed_jobs_24h": HISTORY_MIN_JOBS, "avg_processing_time_ms": 60.0}
+    assert history_run_time(stats) == 0.06
+    assert history_run_time({**stats, "completed_jobs_24h": HISTORY_MIN_JOBS - 1}) is None  # too little history
+    assert history_run_time({**stats, "avg_processing_time_ms": 1500.0}) is None  # long jobs: never claimed ahead
+    assert history_run_time({**stats, "avg_processing_time_ms": None}) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_new_daemon_on_a_queue_with_short_history_holds_its_second_job_behind_its_first(dev_server, daemon_factory):
+    queue = "held-history"
+    history = [dev_server.enqueue(queue, {"do": "sleep", "secs": 0.02}) for _ in range(HISTORY_MIN_JOBS)]
+    first = daemon_factory(queue, procs=2, worker_id="w-history-1", args=["--until-empty"])
+    assert first.wait(60) == 0
+    wait_for_status(dev_server, history, timeout=10)
+    ids = [dev_server.enqueue(queue, {"do": "sleep", "secs": 0.2}) for _ in range(3)]
+    d = daemon_factory(queue, procs=1, worker_id="w-history-2", args=["--log-level", "DEBUG"]).wait_ready()
+    wait_for_status(dev_server, ids, timeout=30)
+    assert [e["queue"] for e in d.events("run time seeded from the queue's statistics")] == [queue]
+    started = [r["job_id"] for r in log_records(d) if r.get("msg") == "job started"]
+    held = {r["job_id"] for r in log_records(d) if r.get("msg") == "job held"}
+    trail = [(r["msg"], r.get("job_id")) for r in log_records(d) if r.get("msg", "").startswith(("job", "held", "run"))]
+    assert sorted(started) == sorted(ids) and started[1] in held, trail  # held while the first still ran
+
+
+# ------------------------------------------------------------------ the job flow's bookkeeping, in process
+
+def flow_holding(run: float = 0.02, **cfg) -> tuple[JobFlow, list, object]:
+    """A JobFlow with one job running on slot 0 (started at t=10) and one job held by that child."""
+    sent: list = []
+    flow = JobFlow(make_cfg(procs=1, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
+                   lambda call, followup, first=False: sent.append((call, followup)), NullHooks())
+    flow.claim_rtt.add(0.005)
+    flow.queues["q"].run_time.add(run)
+    child = SimpleNamespace(slot=0, pid=100)
+    running = flow.inflight.add({"id": "run", "lease_id": "L1", "queue_name": "q"}, 10.0)
+    flow.started(running, child, 10.0)
+    flow.inflight.add({"id": "next", "lease_id": "L2", "queue_name": "q", "timeout_seconds": 1}, 10.0)
+    return flow, sent, child
+
+
+def test_a_held_jobs_timeout_counts_from_the_start_the_child_reports():
+    flow, _, child = flow_holding()
+    ((holder, entry),) = flow.holds([child], 10.001)
+    flow.hold(entry, holder)
+    assert flow.reserved() == 1 and flow.held() == 1 and flow.inflight.waiting_count() == 0
+    assert flow.enforce(11.5) == [] and entry.timeout_at is None  # held 1.5 s: its 1 s timeout has not begun
+    flow.from_child(JobDone(0, "run", True, None), 12.0)
+    assert flow.from_child(JobStarted(0, "next", 11.9), 12.0) == []
+    assert entry.started_at == 11.9 and entry.timeout_at == 12.9 and flow.held() == 0
+    assert flow.enforce(12.8) == []
+    assert flow.enforce(12.9) == [StopJob(0, "next", "timeout")]
+
+
+def test_a_held_job_whose_lease_is_lost_is_recalled_not_its_child_stopped():
+    flow, _, child = flow_holding()
+    ((holder, entry),) = flow.holds([child], 10.001)
+    flow.hold(entry, holder)
+    facts = flow._lease_lost(entry, "gone", 10.5)
+    assert facts == [RecallJob(0, "next")] and flow.inflight.get("next") is None
+    assert flow.from_child(JobReturned(0, "next"), 10.6) == []  # given back unstarted: nothing more to do
+    # had the child started it before reading the recall, it is stopped at once
+    assert flow.from_child(JobStarted(0, "next", 10.6), 10.7) == [StopJob(0, "next", "lease_lost")]
+
+
+def test_a_held_job_given_back_waits_for_a_child_again_and_a_dead_childs_job_still_fails():
+    flow, _, child = flow_holding()
+    ((holder, entry),) = flow.holds([child], 10.001)
+    flow.hold(entry, holder)
+    flow.from_child(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
+    flow.from_child(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
+    assert [e.id for e in flow.inflight.waiting()] == ["next"] and entry.slot is None
+    assert flow.inflight.get("run").outcome.label == "crashed"
+
+
+@pytest.mark.parametrize("case", ["prefetch 0", "long jobs", "no run time yet", "job overrunning"])
+def test_nothing_is_held_for_prefetch_0_long_jobs_an_unknown_run_time_or_behind_an_overrun(case):
+    cfg = {"prefetch": 0} if case == "prefetch 0" else {}
+    flow, _, child = flow_holding(run=2.0 if case == "long jobs" else 0.02, **cfg)
+    if case == "no run time yet":
+        flow.queues["q"].run_time.value = None
+    now = 10.0 + 0.03 + HOLD_MAX_RUN if case == "job overrunning" else 10.001
+    assert flow.holds([child], now) == []
+    assert flow_holding()[0].holds([child], 10.001)  # the same flow with short jobs holds one

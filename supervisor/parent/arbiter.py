@@ -258,8 +258,8 @@ class Arbiter:
 
     def feed_children(self, now: float) -> None:
         """Hand waiting jobs to idle children, send the outcomes recorded this turn, claim for the children
-        that are idle or soon will be (the pacer puts outcomes ahead of claims), then (never during a drain)
-        ask back held jobs stuck behind an overrunning job, and send busy children their next job ahead."""
+        that are idle or soon will be (the pacer puts outcomes ahead of claims), then send busy children
+        their next job ahead while running (never during a drain)."""
         for child, entry in self.jobs.assignments(self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
                 self.jobs.started(entry, child, now)
@@ -267,7 +267,6 @@ class Arbiter:
         self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
                               self.pacer.allows_claim(now), self.pacer.rate)
         if self.phase is Phase.RUNNING:
-            self.route(self.jobs.overdue_holds(now), now)
             for child, entry in self.jobs.holds(self.pool.holding_children(), now):
                 if self.pool.hold_job(child, entry.job, self.jobs.start_by(entry)):
                     self.jobs.hold(entry, child)

@@ -29,14 +29,24 @@ MIN_BATCH_WINDOW = 0.1  # seconds: a claim carries at least this long's starts, 
 
 
 class Ewma:
-    """An exponentially weighted moving average; `value` is None until the first sample."""
+    """An exponentially weighted moving average; `value` is None until the first sample, or a seed."""
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.value: float | None = None
+        self.seeded = False  # `value` is a prior, not a measure: the first sample replaces it
 
     def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
+        if self.value is None or self.seeded:
+            self.value = sample
+        else:
+            self.value += self.alpha * (sample - self.value)
+        self.seeded = False
+
+    def seed(self, prior: float) -> None:
+        """Start from `prior` until the first sample (never over a measured value)."""
+        if self.value is None:
+            self.value, self.seeded = prior, True
 
 
 class Tail:
@@ -107,6 +117,23 @@ def claim_size(n: Need) -> int:
     return max(0, min(MAX_CLAIM, want))
 
 
+HISTORY_MIN_JOBS = 20  # a queue's statistics seed its run time when it completed this many jobs in 24 h...
+HISTORY_SHORT = 1.0  # ...taking this long or less on average (seconds): short jobs, claimed ahead from the start
+
+
+def history_run_time(stats: object) -> float | None:
+    """The run time a queue's statistics (`GET /queues/{name}/stats`) suggest for its jobs, if they say
+    they are short: their mean processing time, claim to completion, so an estimate on the long side."""
+    if not isinstance(stats, dict):
+        return None
+    done, mean_ms = stats.get("completed_jobs_24h"), stats.get("avg_processing_time_ms")
+    if not isinstance(done, int) or isinstance(mean_ms, bool) or not isinstance(mean_ms, (int, float)):
+        return None
+    if done < HISTORY_MIN_JOBS or not 0 < mean_ms <= HISTORY_SHORT * 1000:
+        return None
+    return mean_ms / 1000.0
+
+
 def may_hold(run_time: float | None, left: float) -> bool:
     """Whether a busy child whose job has `left` seconds to run may be sent a job of `run_time` seconds
     (an estimate; None = unknown) ahead: both short, so the parent's wake-up and the round trip are no
@@ -115,8 +142,8 @@ def may_hold(run_time: float | None, left: float) -> bool:
 
 
 def hold_overdue(run_time: float | None, elapsed: float) -> bool:
-    """Whether a child's job has run so far past the estimate (`run_time`) that the job it holds should
-    come back, for a child that frees sooner."""
+    """Whether a child's job has run so far past the estimate (`run_time`) that no job should be sent to
+    wait behind it (its end is no longer in sight)."""
     return run_time is None or elapsed > run_time + HOLD_MAX_RUN
 
 

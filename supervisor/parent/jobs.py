@@ -41,7 +41,16 @@ from supervisor.parent.facts import (
     Submit,
 )
 from supervisor.parent.inflight import Entry, InFlight, Outcome
-from supervisor.parent.intake import Ewma, Need, Tail, claim_size, hold_overdue, may_hold, next_need_at
+from supervisor.parent.intake import (
+    Ewma,
+    Need,
+    Tail,
+    claim_size,
+    history_run_time,
+    hold_overdue,
+    may_hold,
+    next_need_at,
+)
 
 log = logging.getLogger("supervisor")
 
@@ -56,6 +65,12 @@ class QueueIntake:
         self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
+        self.history_asked = False  # its statistics were asked for (once: they may seed `run_time`)
+
+    def ask_history(self) -> bool:
+        """True the first time only: its statistics are asked for once."""
+        asked, self.history_asked = self.history_asked, True
+        return not asked
 
     def answered(self, asked: int, got: int, now: float, poll_interval: float) -> None:
         if got < asked:
@@ -217,9 +232,9 @@ class JobFlow:
         expected to end soon, the soonest first; never with --prefetch 0."""
         if self.cfg.prefetch == 0 or not busy or not self.inflight.waiting_count():
             return []
-        left = {e.slot: self._time_left(e, now) for e in self.inflight.jobs.values()
-                if e.slot is not None and e.outcome is None and not e.held}
-        ready = sorted((left.get(c.slot, math.inf), c.slot, c) for c in busy)
+        running = self._running_by_slot()
+        ready = sorted((self._time_left(running[c.slot], now, overdue=True) if c.slot in running else math.inf,
+                        c.slot, c) for c in busy)
         out = []
         children = iter(ready)
         for entry in self.inflight.waiting():
@@ -242,22 +257,14 @@ class JobFlow:
         self.inflight.hold(entry, child.slot, child.pid)
         log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
 
-    def overdue_holds(self, now: float) -> list[Fact]:
-        """Ask back the held jobs whose child's job has run well past its queue's estimate: in the
-        reserve, the first child to free takes them."""
-        if not self.inflight.held_count():
-            return []
-        running = {e.slot: e for e in self.inflight.jobs.values()
-                   if e.slot is not None and e.outcome is None and not e.held and e.started_at is not None}
-        out: list[Fact] = []
-        for held in self.inflight.held():
-            job = running.get(held.slot) if held.slot is not None else None
-            if job is None or job.started_at is None or held.slot is None:
-                continue  # its child is between jobs: it starts the held one now
-            intake = self.queues.get(job.queue)
-            if hold_overdue(intake.run_time.value if intake else None, now - job.started_at):
-                out.append(RecallJob(held.slot, held.id))
-        return out
+    def _running_by_slot(self) -> dict[int, Entry]:
+        return {e.slot: e for e in self.inflight.jobs.values()
+                if e.slot is not None and e.outcome is None and not e.held and e.started_at is not None}
+
+    def _overdue(self, e: Entry, now: float) -> bool:
+        intake = self.queues.get(e.queue)
+        return e.started_at is not None and hold_overdue(intake.run_time.value if intake else None,
+                                                         now - e.started_at)
 
     def recall_held(self) -> list[Fact]:
         """Ask for every held job back (a drain begins: no child starts a job on its own from now on)."""
@@ -290,6 +297,20 @@ class JobFlow:
         self.claim_inflight = True
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
+        if self.cfg.prefetch != 0 and not rate and intake.run_time.value is None and intake.ask_history():
+            self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
+                                                                         lambda now: []))
+
+    def on_history(self, intake: QueueIntake, stats, error, now: float) -> list[Fact]:
+        """A queue's statistics (asked with its first claim while no run time is known, unless requests
+        are scarce: --prefetch 0, a request budget): when they say its jobs are short, their mean seeds
+        the run time, so the next claims reach ahead (claim_size) before any job of this daemon ends."""
+        seed = history_run_time(stats) if error is None else None
+        if seed is not None:
+            intake.run_time.seed(seed)
+            log_event(log, DEBUG, "run time seeded from the queue's statistics", queue=intake.name,
+                      run_time=round(seed, 4))
+        return []
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
         return Need(idle=idle, waiting=self.reserved(), remaining=self._busy_remaining(now),
@@ -306,8 +327,11 @@ class JobFlow:
         return tuple(self._time_left(e, now) for e in self.inflight.jobs.values()
                      if e.slot is not None and e.outcome is None and not e.held)  # not waiting, held or done
 
-    def _time_left(self, e: Entry, now: float) -> float:
-        """Expected seconds left of the running job `e` (inf where its queue has no estimate yet)."""
+    def _time_left(self, e: Entry, now: float, overdue: bool = False) -> float:
+        """Expected seconds left of the running job `e` (inf where its queue has no estimate yet, and with
+        `overdue` where it has run well past it)."""
+        if overdue and self._overdue(e, now):
+            return math.inf
         intake = self.queues.get(e.queue)
         est = intake.run_time.value if intake is not None else None
         return math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now)
