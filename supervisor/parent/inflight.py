@@ -71,6 +71,7 @@ class InFlight:
         self.jobs: dict[str, Entry] = {}
         self._waiting: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
         self._held: dict[str, Entry] = {}  # the entries of `jobs` sent ahead to a busy child, not started yet
+        self._running: dict[int, Entry] = {}  # slot -> the entry its child runs (started, no outcome yet)
         self._bound = math.inf  # no deadline of any entry is earlier (see the module docstring)
 
     def __len__(self) -> int:
@@ -93,7 +94,14 @@ class InFlight:
     def pop(self, job_id: str) -> Entry | None:
         self._waiting.pop(job_id, None)
         self._held.pop(job_id, None)
-        return self.jobs.pop(job_id, None)
+        entry = self.jobs.pop(job_id, None)
+        if entry is not None:
+            self._not_running(entry)
+        return entry
+
+    def _not_running(self, entry: Entry) -> None:
+        if entry.slot is not None and self._running.get(entry.slot) is entry:
+            del self._running[entry.slot]
 
     def _not_waiting(self, entry: Entry) -> None:
         if self._waiting.get(entry.id) is entry:
@@ -118,6 +126,7 @@ class InFlight:
 
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
         self._not_waiting(entry)
+        self._running[slot] = entry
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
@@ -127,12 +136,14 @@ class InFlight:
         """The child is done with it (or was stopped): record how and for how long; what is left is
         telling the API."""
         self._not_waiting(entry)
+        self._not_running(entry)
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
         if entry.started_at is not None:
             entry.duration = now - entry.started_at
 
     def replace_outcome(self, entry: Entry, outcome: Outcome) -> None:
         self._not_waiting(entry)
+        self._not_running(entry)
         entry.outcome = outcome
 
     # -- reports --
@@ -177,11 +188,9 @@ class InFlight:
     def held_count(self) -> int:
         return len(self._held)
 
-    def held_on(self, slot: int) -> Entry | None:
-        for e in self._held.values():
-            if e.slot == slot:
-                return e
-        return None
+    def running(self) -> list[Entry]:
+        """Jobs a child runs now (started, no outcome yet)."""
+        return list(self._running.values())
 
     def renewals_due(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if not e.renewing and e.renew_at <= now]
@@ -190,10 +199,8 @@ class InFlight:
         return [e for e in self.jobs.values() if e.timeout_at is not None and e.timeout_at <= now and e.outcome is None]
 
     def on_child(self, slot: int) -> Entry | None:
-        for e in self.jobs.values():
-            if e.slot == slot and e.outcome is None and not e.held:
-                return e
-        return None
+        """The job the child on `slot` runs, if any (not the one it holds)."""
+        return self._running.get(slot)
 
     # -- deadlines --
     def _lower(self, t: float | None) -> None:

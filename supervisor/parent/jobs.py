@@ -224,6 +224,8 @@ class JobFlow:
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
         """Which idle child takes which waiting job, oldest job first."""
+        if not idle or not self.inflight.waiting_count():
+            return []
         return list(zip(idle, self.inflight.waiting(), strict=False))
 
     def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
@@ -232,9 +234,11 @@ class JobFlow:
         expected to end soon, the soonest first; never with --prefetch 0."""
         if self.cfg.prefetch == 0 or not busy or not self.inflight.waiting_count():
             return []
-        running = self._running_by_slot()
-        ready = sorted((self._time_left(running[c.slot], now, overdue=True) if c.slot in running else math.inf,
-                        c.slot, c) for c in busy)
+        ready = []
+        for c in busy:
+            job = self.inflight.on_child(c.slot)
+            ready.append((self._time_left(job, now, overdue=True) if job is not None else math.inf, c.slot, c))
+        ready.sort()
         out = []
         children = iter(ready)
         for entry in self.inflight.waiting():
@@ -256,10 +260,6 @@ class JobFlow:
         """`entry` was sent ahead to the busy `child`."""
         self.inflight.hold(entry, child.slot, child.pid)
         log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
-
-    def _running_by_slot(self) -> dict[int, Entry]:
-        return {e.slot: e for e in self.inflight.jobs.values()
-                if e.slot is not None and e.outcome is None and not e.held and e.started_at is not None}
 
     def _overdue(self, e: Entry, now: float) -> bool:
         intake = self.queues.get(e.queue)
@@ -324,8 +324,7 @@ class JobFlow:
 
     def _busy_remaining(self, now: float) -> tuple[float, ...]:
         """Expected seconds left of each running job (inf where its queue has no estimate yet)."""
-        return tuple(self._time_left(e, now) for e in self.inflight.jobs.values()
-                     if e.slot is not None and e.outcome is None and not e.held)  # not waiting, held or done
+        return tuple(self._time_left(e, now) for e in self.inflight.running())
 
     def _time_left(self, e: Entry, now: float, overdue: bool = False) -> float:
         """Expected seconds left of the running job `e` (inf where its queue has no estimate yet, and with
