@@ -1,13 +1,21 @@
 """Command line entry: picks a subcommand and hands it its arguments.
 
 `run` is the default subcommand, so `python -m supervisor --procs 8 ...` runs the daemon.
-Each subcommand lives in its own module and exposes `main(argv) -> int`.
+Each subcommand lives in its own module and exposes `main(argv) -> int`; its argument parser comes from
+`parser`, which names the program the way it was invoked and answers `--version`.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
 import sys
+from importlib import metadata
+from typing import Any
+
+DISTRIBUTION = "spooled-supervisor"
+SCRIPT = "spooled-supervisor"  # the console script pyproject.toml installs
 
 SUBCOMMANDS = {
     "run": ("supervisor.commands.run", "run the supervisor daemon (default)"),
@@ -15,23 +23,63 @@ SUBCOMMANDS = {
     "demo": ("supervisor.commands.demo", "dev server + demo jobs + daemon, with live progress"),
     "enqueue": ("supervisor.commands.enqueue", "submit jobs to a Spooled API"),
     "status": ("supervisor.commands.status", "show a running daemon's children from its health port"),
+    "drain": ("supervisor.commands.drain", "ask the local daemon to drain and wait until it exits (preStop)"),
+    "reload": ("supervisor.commands.reload", "replace a running daemon's children (systemd's ExecReload=)"),
 }
 
-USAGE = "usage: python -m supervisor [SUBCOMMAND] [options]\n\nsubcommands:\n" + "".join(
-    f"  {name:<11} {help_}\n" for name, (_, help_) in SUBCOMMANDS.items()
-) + "\n`python -m supervisor SUBCOMMAND --help` explains each one's options.\n"
+
+def version() -> str:
+    """The installed package's version (pyproject.toml's), or the source tree's when it is not installed."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        from supervisor import __version__
+
+        return __version__
+
+
+def program() -> str:
+    """The program's name as the user typed it: the console script's name, or `python -m supervisor`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if name.startswith(SCRIPT) and not name.endswith(".py"):
+        return name
+    return f"{os.path.basename(sys.executable) or 'python'} -m supervisor"
+
+
+def parser(subcommand: str, cls: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+           **kwargs: Any) -> argparse.ArgumentParser:
+    """An argument parser for `subcommand`, named as invoked (`PROGRAM SUBCOMMAND`), with `--version`."""
+    p = cls(prog=f"{program()} {subcommand}", **kwargs)
+    add_version(p)
+    return p
+
+
+def add_version(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--version", action="version", version=f"{DISTRIBUTION} {version()}",
+                   help="print the version and exit")
+
+
+def usage() -> str:
+    prog = program()
+    return (f"usage: {prog} [SUBCOMMAND] [options]\n       {prog} --version\n\nsubcommands:\n"
+            + "".join(f"  {name:<11} {help_}\n" for name, (_, help_) in SUBCOMMANDS.items())
+            + f"\n`{prog} SUBCOMMAND --help` explains each one's options.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
-        sys.stdout.write(USAGE)
+        sys.stdout.write(usage())
+        return 0
+    if argv and argv[0] in ("-V", "--version"):
+        sys.stdout.write(f"{DISTRIBUTION} {version()}\n")
         return 0
     name = "run"
     if argv and argv[0] in SUBCOMMANDS:
         name = argv.pop(0)
     elif argv and not argv[0].startswith("-"):
-        sys.stderr.write(f"error: unknown subcommand {argv[0]!r}; choose one of {', '.join(SUBCOMMANDS)}\n")
+        sys.stderr.write(f"{program()}: error: unknown subcommand {argv[0]!r}; "
+                         f"choose one of {', '.join(SUBCOMMANDS)}\n")
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(argv) or 0)

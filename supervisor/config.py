@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from supervisor import cli
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
+from supervisor.ops.deletion_cost import NotInPod, PodRef, in_cluster
 
 DEFAULT_API_URL = "https://api.spooled.cloud"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -46,7 +48,7 @@ class ConfigError(Exception):
 class Config:
     api_url: str
     api_key: Secret = field(repr=False)
-    queue: str  # queues[0], kept for code that serves one queue
+    queue: str  # queues[0], kept for code that serves one queue; "" until taken from the handler's SDK worker
     handler: str
     worker_id: str
     hostname: str
@@ -63,6 +65,8 @@ class Config:
     allow_insecure_http: bool = False
     health_host: str = "127.0.0.1"
     health_port: int | None = None
+    ready_api_silence: float = 60.0  # /readyz fails after this long without an API answer
+    k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
     queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
@@ -72,9 +76,11 @@ class Config:
     grpc_url: str = DEFAULT_GRPC_URL
     until_empty: bool = False  # drain and exit once the queues are empty
     procs_source: str = ""  # where `procs` came from, for the start-up log
+    queue_source: str = ""  # where the queue came from when --queue was not given (the handler's SDK worker)
+    share_api_key: bool = False  # children get SPOOLED_API_KEY and SPOOLED_API_URL
 
     def __post_init__(self) -> None:
-        if not self.queues:
+        if not self.queues and self.queue:
             object.__setattr__(self, "queues", (self.queue,))
 
 
@@ -225,15 +231,19 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--queue", "SPOOLED_QUEUE", parse_queues, None, "queue(s) to claim jobs from; several as a,b,c are "
-           "served in that priority order", "Q[,Q...]"),
-    Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function; it "
-           "receives a context with job_id, payload, ...", "MOD:FN"),
+           "served in that priority order; default: the queue_name of the handler's SDK worker", "Q[,Q...]"),
+    Option("--handler", "SPOOLED_HANDLER", parse_handler, None, "the job handler, package.module:function (or an "
+           "SDK SpooledWorker, whose queue stands in for --queue); it receives a context with job_id, payload, ...",
+           "MOD:FN"),
     Option("--procs", "SPOOLED_PROCS", whole(1, 1000), None, "number of child processes, 1-1000; default: the "
            "CPUs really granted (affinity mask capped by the cgroup CPU quota)", "N"),
     Option("--api-url", "SPOOLED_API_URL", parse_api_url, DEFAULT_API_URL, f"Spooled API base URL; default "
            f"{DEFAULT_API_URL}", "URL"),
     Option("--api-key-file", "SPOOLED_API_KEY_FILE", parse_text, None, "file holding the API key; otherwise "
            f"SPOOLED_API_KEY or $CREDENTIALS_DIRECTORY/{CREDENTIAL_NAME}", "PATH"),
+    Option("--share-api-key", "SPOOLED_SHARE_API_KEY", parse_bool, False, "give children SPOOLED_API_KEY and "
+           "SPOOLED_API_URL, for a handler module that builds its own SDK client; the variable takes "
+           "1/true/yes/on or 0/false/no/off", switch=True),
     Option("--worker-id", "SPOOLED_WORKER_ID", parse_worker_id, None, "stable worker id, reused across restarts; "
            "default: the hostname, e.g. the pod name", "ID"),
     Option("--lease", "SPOOLED_LEASE", whole(5, 3600), 30, "job lease in seconds, 5-3600, renewed every third of "
@@ -260,6 +270,11 @@ OPTIONS: tuple[Option, ...] = (
            "and /status on this port, 0-65535; off by default", "PORT"),
     Option("--health-host", "SPOOLED_HEALTH_HOST", parse_text, "127.0.0.1", "address for the health port; "
            "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
+    Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, above=True), 60.0, "/readyz fails once "
+           "the API has not answered for this many seconds (/healthz never looks at the API); default 60", "S"),
+    Option("--k8s-deletion-cost", "SPOOLED_K8S_DELETION_COST", parse_bool, False, "keep this pod's "
+           "pod-deletion-cost annotation current so scale-downs remove idle pods first (needs the deletion-cost "
+           "RBAC component); the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
     Option("--log-format", "SPOOLED_LOG_FORMAT", choice("auto", "json", "text"), "auto", "log lines as JSON or "
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
@@ -282,13 +297,13 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors (unknown flag, missing value) raise one-line ConfigErrors instead of printing usage."""
 
     def error(self, message: str) -> NoReturn:
-        raise ConfigError(f"{message} (see python -m supervisor run --help)")
+        raise ConfigError(f"{message} (see {cli.program()} run --help)")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The `run` argument parser. Values stay text here (None when not given); `resolve` parses them."""
     p = OneLineParser(
-        prog="python -m supervisor [run]",
+        prog=f"{cli.program()} [run]",
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
         "the environment variable shown; a flag beats its variable. The API key comes from SPOOLED_API_KEY, "
         f"--api-key-file, or the systemd credential '{CREDENTIAL_NAME}' - never from a flag value, so it never "
@@ -300,6 +315,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         else:
             p.add_argument(opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} ({opt.env})")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
+    cli.add_version(p)
     return p
 
 
@@ -378,8 +394,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     sources: dict[str, str] = {}
     for opt in OPTIONS:
         values[opt.dest], sources[opt.dest] = resolve(opt, args, environ)
-    if values["queue"] is None:
-        raise ConfigError("--queue is required (or set SPOOLED_QUEUE)")
     if values["handler"] is None:
         raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
     url = urlsplit(values["api_url"])
@@ -390,6 +404,12 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'], PATH_MAX)} is not a readable file")
     if values["transport"] == "grpc":
         _require_grpc()
+    k8s_pod = None
+    if values["k8s_deletion_cost"]:
+        try:
+            k8s_pod = in_cluster(environ)
+        except NotInPod as exc:
+            raise ConfigError(str(exc)) from None
     procs, procs_source = values["procs"], f"procs={values['procs']} from {sources['procs']}"
     if procs is None:
         procs, procs_source = granted_cpus()
@@ -399,16 +419,18 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     key_args = argparse.Namespace(api_key=args.api_key, api_key_file=values["api_key_file"])
     key = read_api_key(key_args, environ, sources["api_key_file"])
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
-    queues = values["queue"]
+    queues = values["queue"] or ()  # none: the handler's SDK worker must name it (see commands/run.py)
     return Config(
-        api_url=values["api_url"], api_key=key, queue=queues[0], handler=values["handler"], worker_id=worker_id,
+        api_url=values["api_url"], api_key=key, queue=queues[0] if queues else "", handler=values["handler"],
+        worker_id=worker_id,
         hostname=host_clean[:255], procs=procs, lease=values["lease"], drain_timeout=float(values["drain_timeout"]),
         poll_interval=float(values["poll_interval"]), max_jobs_per_child=values["max_jobs_per_child"],
         max_memory_per_child_mb=values["max_memory_per_child"], kill_grace=float(values["kill_grace"]),
         max_result_bytes=values["max_result_bytes"], api_timeout=float(values["api_timeout"]),
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
-        health_host=values["health_host"], health_port=values["health_port"], log_format=values["log_format"],
+        health_host=values["health_host"], health_port=values["health_port"],
+        ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
-        procs_source=procs_source,
+        procs_source=procs_source, share_api_key=values["share_api_key"],
     )

@@ -322,7 +322,7 @@ def daemon_args(options: Mapping[str, Any]) -> list[str]:
         if name in OWN_OPTIONS:
             raise TypeError(f"run_jobs sets {flag} itself; {name!r} is not a daemon option here")
         action = actions.get(flag)
-        if action is None or flag == "--help":
+        if action is None or flag in ("--help", "--version"):
             raise TypeError(f"unknown daemon option {name!r}: `python -m supervisor run` has no {flag}")
         if value is None or value is False:
             continue

@@ -219,7 +219,7 @@ class Spawner:
     quota: int = 0
 
     def __call__(self, slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int,
-                 max_jobs: int) -> Child:
+                 max_jobs: int, env: dict | None = None) -> Child:
         if self.fail:
             raise OSError("fork failed")
         child = fake_child(slot, now, job_quota=self.quota or max_jobs, pid=FAKE_PID + 1000 + len(self.spawned))

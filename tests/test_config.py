@@ -36,6 +36,8 @@ BAD_VALUES = {
     "SPOOLED_ALLOW_INSECURE_HTTP": ("TRUEISH", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_HEALTH_PORT": ("65536", "between 0 and 65535"),
     "SPOOLED_HEALTH_HOST": ("  ", "empty"),
+    "SPOOLED_READY_API_SILENCE": ("0", "above 0"),
+    "SPOOLED_K8S_DELETION_COST": ("maybe", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
@@ -43,6 +45,7 @@ BAD_VALUES = {
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
     "SPOOLED_GRPC_URL": ("grpc.example.com", "HOST:PORT"),
     "SPOOLED_UNTIL_EMPTY": ("2", "1/true/yes/on or 0/false/no/off"),
+    "SPOOLED_SHARE_API_KEY": ("sure", "1/true/yes/on or 0/false/no/off"),
 }
 
 
@@ -68,7 +71,9 @@ def test_bad_environment_value_names_the_variable(name):
 
 
 @pytest.mark.parametrize("name", sorted(n for n in BAD_VALUES if n not in ("SPOOLED_ALLOW_INSECURE_HTTP",
-                                                                           "SPOOLED_UNTIL_EMPTY")))
+                                                                           "SPOOLED_UNTIL_EMPTY",
+                                                                           "SPOOLED_K8S_DELETION_COST",
+                                                                           "SPOOLED_SHARE_API_KEY")))
 def test_the_same_bad_value_as_a_flag_names_the_flag(name):
     value, allowed = BAD_VALUES[name]
     flag = next(opt.flag for opt in OPTIONS if opt.env == name)

@@ -88,19 +88,11 @@ def test_kustomization_lists_the_applied_manifests():
 
 # --- Kubernetes: the deployment's invariants ------------------------------------------------------
 
-def test_grace_period_covers_prestop_and_drain():
-    pod = deployment()["spec"]["template"]["spec"]
+def test_prestop_drains_through_the_health_port():
+    """The preStop hook does the drain (tests/test_stop_budget.py checks the grace period covers it)."""
     c = container()
-    command = c["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[0] == "sleep"
-    prestop = float(command[1])
-    drain = float(
-        env_of(c).get("SPOOLED_DRAIN_TIMEOUT", {}).get("value")
-        or flag(c.get("args", []), "--drain-timeout")
-        or DEFAULT_DRAIN_TIMEOUT
-    )
-    assert 0 < prestop <= 15
-    assert pod["terminationGracePeriodSeconds"] > prestop + drain + KILL_GRACE
+    assert c["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "supervisor", "drain"]
+    assert "SPOOLED_HEALTH_PORT" in env_of(c)  # where the drain command finds the daemon
 
 
 def test_procs_come_from_the_cpu_limit():
@@ -201,7 +193,8 @@ def unit_env(service) -> dict:
 def test_unit_notify_and_stop_semantics():
     s = unit()["Service"]
     assert s["Type"] == "notify"
-    assert s["NotifyAccess"] == "main"
+    assert s["NotifyAccess"] == "exec"  # the daemon and ExecReload's command, never the handler's children
+    assert s["ExecReload"].split()[:4] == ["/opt/spooled-supervisor/venv/bin/python", "-m", "supervisor", "reload"]
     assert s["KillMode"] == "mixed"
     assert s.get("KillSignal", "SIGTERM") == "SIGTERM"
     drain = float(unit_env(s).get("SPOOLED_DRAIN_TIMEOUT", DEFAULT_DRAIN_TIMEOUT))

@@ -135,7 +135,6 @@ def test_config_defaults_and_one_line_errors(monkeypatch):
     assert cfg.lease == 30 and cfg.drain_timeout == 25.0 and cfg.procs >= 1
     assert "sp_test" not in repr(cfg)
     cases = [
-        (["--handler", "m:f"], "--queue is required"),
         (["--queue", "q"], "--handler is required"),
         (["--queue", "q", "--handler", "nocolon"], "--handler must look like"),
         (["--queue", ".q", "--handler", "m:f"], "not a valid queue name"),

@@ -27,7 +27,16 @@ import orjson
 
 from supervisor import exactjson
 from supervisor.child import group, wire
-from supervisor.child.handler import JobContext, call_handler, load_handler
+from supervisor.child.handler import (
+    KEY_VARIABLE,
+    AsyncJobContext,
+    HandlerImportError,
+    HandlerSpecError,
+    JobContext,
+    call_handler,
+    load_handler,
+    new_context,
+)
 
 BOOT_ERROR_EXIT = 3
 ERROR_LIMIT = 2048
@@ -38,7 +47,7 @@ class JobStopped(BaseException):
     """Raised in the handler's code when the parent stops this child (SIGTERM)."""
 
 
-_running: JobContext | None = None  # the job this child runs now (the SIGTERM handler sets its signal)
+_running: JobContext | AsyncJobContext | None = None  # the job this child runs now (SIGTERM sets its signal)
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -99,7 +108,33 @@ def die_with_parent(daemon_pid: int) -> None:
 
 
 def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
-    """`ExceptionType: message` followed by as much of the traceback's tail as fits in `limit`."""
+    """`ExceptionType: message` followed by as much of the traceback's tail as fits in `limit`; a shared
+    API key is replaced by *** wherever it appears."""
+    return _scrub(_format_error(exc, limit))
+
+
+def _scrub(text: str) -> str:
+    key = os.environ.get(KEY_VARIABLE, "")
+    if len(key) < 10:
+        return text
+    from supervisor.ops.logs import secret_forms
+
+    for form in secret_forms(key):
+        text = text.replace(form, "***")
+    return text
+
+
+def boot_error_text(exc: BaseException) -> str:
+    """The `boot_error` frame's text: one line saying what is wrong, then the traceback when it helps."""
+    if isinstance(exc, HandlerSpecError):
+        return _scrub(str(exc))
+    if isinstance(exc, HandlerImportError) and exc.hint:
+        cause = exc.__cause__
+        return _scrub(exc.hint + ("\n" + _format_error(cause, 4000) if cause is not None else ""))
+    return format_error(exc, 4000)
+
+
+def _format_error(exc: BaseException, limit: int) -> str:
     head = f"{type(exc).__name__}: {exc}".strip()
     if len(head) >= limit:
         return head[: limit - 3] + "..."
@@ -118,7 +153,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
     the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`."""
     global _running
-    ctx = _running = JobContext.from_claim(job, worker_id)
+    ctx = _running = new_context(handler, job, worker_id)
     try:
         result = call_handler(handler, ctx)
     except JobStopped:
@@ -143,8 +178,9 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,
-               parent_pid: int, group_grace: float = 3.0) -> None:
-    """Entry point run by the forkserver for each child."""
+               parent_pid: int, group_grace: float = 3.0, env: dict[str, str] | None = None) -> None:
+    """Entry point run by the forkserver for each child; `env` is added to its environment before the
+    handler is imported (the API key and URL, when the operator shares them)."""
     leader = group.lead_own_group()  # first: until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the handler is imported: die at once
@@ -154,11 +190,12 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
+    os.environ.update(env or {})
     try:
         handler = load_handler(handler_spec)
     except BaseException as exc:
         try:
-            wire.write_frame(sock, {"t": "boot_error", "error": format_error(exc, 4000)})
+            wire.write_frame(sock, {"t": "boot_error", "error": boot_error_text(exc)})
         finally:
             os._exit(BOOT_ERROR_EXIT)
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -177,7 +214,8 @@ def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_b
 
     Jobs sent while one runs are held, in order, and the next is started as soon as the running one
     ends, without waiting for the parent (supervisor.child.wire describes the frames)."""
-    wire.write_frame(sock, {"t": "ready", "pid": os.getpid(), "keeper": keeper})
+    wire.write_frame(sock, {"t": "ready", "pid": os.getpid(), "keeper": keeper,
+                            "about": getattr(handler, "about", None) or None})
     set_title(f"{title} idle")
     inbox = wire.Inbox(sock)
     held: dict[str, dict] = {}  # the parent's `job` frames not started yet, by job id, in the order sent

@@ -7,7 +7,6 @@ a summary (completed, failed, throughput, efficiency against the cores).
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import secrets
@@ -19,6 +18,7 @@ import tempfile
 import time
 from datetime import datetime
 
+from supervisor import cli
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.commands.enqueue import enqueue
 from supervisor.commands.status import fetch as fetch_status
@@ -71,7 +71,7 @@ def job_span(client: SpooledAPI) -> tuple[float, float]:
 
 def main(argv: list[str]) -> int:
     cores = os.cpu_count() or 1
-    p = argparse.ArgumentParser(prog="python -m supervisor demo", description=__doc__.split("\n\n")[1])
+    p = cli.parser("demo", description=__doc__.split("\n\n")[1])
     p.add_argument("--procs", type=int, default=cores, help=f"child processes (default: the CPU count, {cores})")
     p.add_argument("--jobs", type=int, default=200, help="demo jobs to run (default 200)")
     p.add_argument("--ms", type=float, default=100.0, help="CPU milliseconds per job (default 100)")

@@ -11,14 +11,14 @@ import argparse
 import os
 import sys
 
-from supervisor import exactjson
+from supervisor import cli, exactjson
 from supervisor.client.rest import ApiError, SpooledAPI
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m supervisor enqueue", description="Submit jobs to a Spooled queue. "
-                                "The key comes from SPOOLED_API_KEY or --api-key-file.")
+    p = cli.parser("enqueue", description="Submit jobs to a Spooled queue. "
+                   "The key comes from SPOOLED_API_KEY or --api-key-file.")
     p.add_argument("--queue", required=True, help="queue name")
     p.add_argument("--payload", required=True, help='job payload as JSON, e.g. \'{"ms": 50}\'')
     p.add_argument("--count", type=int, default=1, help="how many identical jobs (default 1)")

@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import select
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
 from urllib.parse import quote
 
+import orjson
+
 from supervisor import exitcodes
 from supervisor.client.rest import RateLimited, SpooledAPI
-from supervisor.config import Config, ConfigError, load_config
+from supervisor.config import Config, ConfigError, load_config, parse_queues
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
 from supervisor.parent import identity, orphans
 from supervisor.parent.arbiter import Arbiter
-from supervisor.parent.childproc import set_group_grace, start_forkserver
+from supervisor.parent.childproc import set_group_grace, shared_env, start_forkserver
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 log = logging.getLogger("supervisor")
 MAX_START_RETRY_AFTER = 10.0  # seconds at most that a 429 at start-up holds the start
+PROBE_TIMEOUT = 60.0  # seconds the handler's import may take when the queue is read from it
+DAEMON_ONLY_ENV = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+class HandlerRefused(Exception):
+    """The handler could not be imported or is not one; str() is the boot error's text."""
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +45,15 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
+    if not cfg.queues:
+        try:
+            cfg = take_queue_from_handler(cfg)
+        except ConfigError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return exitcodes.CONFIG
+        except HandlerRefused as exc:
+            log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
+            return exitcodes.HANDLER_IMPORT
     hooks = DaemonHooks(cfg)  # reads, then unsets, systemd's NOTIFY_SOCKET and WATCHDOG_*
     client = SpooledAPI(cfg.api_url, cfg.api_key, timeout=cfg.api_timeout, ca_bundle=cfg.ca_bundle,
                         on_request=hooks.api_request)
@@ -50,7 +70,7 @@ def main(argv: list[str]) -> int:
         client = make_api(cfg, on_request=hooks.api_request)  # type: ignore[assignment]  # builds the same calls
     arbiter = Arbiter(cfg, client, hooks)
     try:
-        hooks.start(arbiter.snapshot)
+        hooks.start(arbiter.snapshot, arbiter.ask_drain)
     except OSError as exc:
         log.error("cannot serve the health port %s: %s", cfg.health_port, exc)
         return exitcodes.CONFIG
@@ -109,3 +129,53 @@ def _read_row(client: SpooledAPI, worker_id: str) -> dict | None:
                       error=str(exc))
         return None
     return row if isinstance(row, dict) else None
+
+
+def take_queue_from_handler(cfg: Config) -> Config:
+    """--queue not given: the queue of the handler's SDK worker (the handler is a SpooledWorker, or a
+    function one registered with @worker.process), read by importing the handler in a process of its own."""
+    about = probe_handler(cfg)
+    queue = about.get("queue_name")
+    if not queue:
+        raise ConfigError(f"--queue is required (or set SPOOLED_QUEUE): {cfg.handler} is not a SpooledWorker's "
+                          "handler, so it names no queue")
+    try:
+        parse_queues(queue)
+    except ValueError as exc:
+        raise ConfigError(f"the queue_name of {cfg.handler}'s worker {exc}, got {queue!r}") from None
+    return dataclasses.replace(cfg, queue=queue, queues=(queue,), queue_source=cfg.handler)
+
+
+def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:
+    """Import the handler in a fresh interpreter with the children's environment; return what it says
+    about the handler's SDK worker ({} for a plain function). Raises HandlerRefused."""
+    env = {k: v for k, v in os.environ.items() if k not in DAEMON_ONLY_ENV}
+    env.update(shared_env(cfg))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the modules the children would find
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", cfg.handler, str(write_end)],
+                                pass_fds=(write_end,), env=env, stdin=subprocess.DEVNULL)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as answers:
+        ready, _, _ = select.select([answers], [], [], timeout)
+        data = answers.read() if ready else b""
+    try:
+        proc.wait(timeout=max(1.0, timeout / 10) if ready else 0.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        if not data:
+            raise HandlerRefused(f"importing the handler took longer than {timeout:g} s") from None
+    try:
+        answer = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise HandlerRefused(f"the process importing the handler died ({death(proc.returncode)})") from None
+    if "error" in answer:
+        raise HandlerRefused(answer["error"])
+    return answer.get("about") or {}
+
+
+def death(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"

@@ -14,10 +14,11 @@ import sys
 
 import requests
 
+from supervisor import cli
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m supervisor status",
-                                     description="Show a running supervisor's children (needs its --health-port).")
+    parser = cli.parser("status", description="Show a running supervisor's children (needs its --health-port).")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--health-url", help="the daemon's health endpoint, e.g. http://127.0.0.1:8081")
     where.add_argument("--port", type=int, default=None,

@@ -56,6 +56,8 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
     ("GET", "/api/v1/queues", h.list_queues, API),
+    ("GET", "/api/v1/queues/{name}", h.get_queue, API),
+    ("DELETE", "/api/v1/queues/{name}", h.delete_queue, API),
     ("GET", "/api/v1/queues/{name}/stats", h.queue_stats, API),
     ("POST", "/api/v1/queues/{name}/pause", h.pause_queue, API),
     ("POST", "/api/v1/queues/{name}/resume", h.resume_queue, API),

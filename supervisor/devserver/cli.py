@@ -14,6 +14,8 @@ import signal
 import sys
 import threading
 
+from supervisor import cli
+
 from .app import App, ServerConfig, make_server, serve_in_thread
 from .faults import Faults, RateLimiter
 from .store import Store
@@ -72,9 +74,8 @@ def _pos_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m supervisor dev-server",
-                                description="Serve the Spooled REST API from SQLite, for development and tests.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser("dev-server", description="Serve the Spooled REST API from SQLite, for development and tests.",
+                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(flag, type_, default, help_, env=None):
         name = flag.lstrip("-").replace("-", "_")

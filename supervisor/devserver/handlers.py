@@ -335,6 +335,22 @@ def _queue_name_param(name: str) -> str:
     return name
 
 
+def get_queue(app, req):
+    """`GET /queues/{name}`: the queue's config; a queue that only has jobs gets the defaults `GET /queues`
+    lists it with; 404 for a queue that exists in no form."""
+    return 200, app.store.get_queue(req.org, _queue_name_param(req.params["name"])), None
+
+
+def delete_queue(app, req):
+    """`DELETE /queues/{name}[?delete_jobs=true]`: 409 while it has pending or processing jobs, unless they
+    are deleted too; 404 when there was nothing to delete; else 204."""
+    raw = (_q_str(req, "delete_jobs") or "false").lower()
+    if raw not in ("true", "false"):
+        raise validation("delete_jobs", "must be true or false", "invalid_type")
+    app.store.delete_queue(req.org, _queue_name_param(req.params["name"]), raw == "true")
+    return 204, None, None
+
+
 def queue_stats(app, req):
     return 200, app.store.queue_stats(req.org, _queue_name_param(req.params["name"])), None
 

@@ -120,6 +120,15 @@ def _frag(text):
     return None if text is None else Fragment(text)
 
 
+def _shown_settings(text: str) -> str:
+    """A queue's settings as the API shows them: without the pause time kept here as epoch seconds."""
+    if "paused_at_epoch" not in text:
+        return text
+    settings = exactjson.loads(text)
+    settings.pop("paused_at_epoch", None)
+    return dumps(settings)
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -737,7 +746,8 @@ class Store:
         return {"id": r[0], "organization_id": org, "queue_name": queue,
                 "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],
                 "default_timeout": DEFAULT_TIMEOUT if r[2] is None else r[2], "rate_limit": r[3],
-                "enabled": bool(r[4]), "settings": _frag(r[5] or "{}"), "created_at": ts(r[6]), "updated_at": ts(r[7])}
+                "enabled": bool(r[4]), "settings": _frag(_shown_settings(r[5] or "{}")), "created_at": ts(r[6]),
+                "updated_at": ts(r[7])}
 
     def _ensure_config(self, db, org, queue, now):
         db.execute("INSERT OR IGNORE INTO queue_config (organization_id, queue_name, id, enabled, settings, "
@@ -776,6 +786,40 @@ class Store:
             db.execute("UPDATE queue_config SET enabled=1, settings=?, updated_at=? WHERE organization_id=? AND "
                        "queue_name=?", (dumps(s), now, org, queue))
         return {"queue_name": queue, "resumed": True, "paused_duration_secs": int(now - since) if since else 0}
+
+    def delete_queue(self, org: str, queue: str, delete_jobs: bool) -> None:
+        """Remove the queue's config (and, with `delete_jobs`, every job in it, dead-lettered ones included).
+        Raises 409 when jobs are pending or processing and are to be kept, 404 when nothing was removed."""
+        with self._tx() as db:
+            removed = 0
+            if delete_jobs:
+                db.execute("DELETE FROM dead_letter_queue WHERE organization_id=? AND queue_name=?", (org, queue))
+                removed += db.execute("DELETE FROM jobs WHERE organization_id=? AND queue_name=?",
+                                      (org, queue)).rowcount
+            else:
+                ((busy,),) = db.execute("SELECT count(*) FROM jobs WHERE organization_id=? AND queue_name=? AND "
+                                        "status IN ('pending','processing')", (org, queue)).fetchall()
+                if busy:
+                    raise conflict(f"Cannot delete queue {queue} with {busy} pending/processing jobs")
+            removed += db.execute("DELETE FROM queue_config WHERE organization_id=? AND queue_name=?",
+                                  (org, queue)).rowcount
+            if not removed:
+                raise not_found("Queue not found")
+
+    def get_queue(self, org: str, queue: str) -> dict:
+        """The queue's config; for a queue with jobs but no config row, the defaults `list_queues` shows for it
+        (an id derived from the name, the times of its oldest job); else 404."""
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM queue_config WHERE organization_id=? AND queue_name=?",
+                                (org, queue)).fetchone():
+                return self._config_dict(self._db, org, queue)
+            (oldest,) = self._db.execute("SELECT min(created_at) FROM jobs WHERE organization_id=? AND queue_name=?",
+                                         (org, queue)).fetchone()
+        if oldest is None:
+            raise not_found("Queue not found")
+        return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"spooled-queue:{org}:{queue}")), "organization_id": org,
+                "queue_name": queue, "max_retries": DEFAULT_MAX_RETRIES, "default_timeout": DEFAULT_TIMEOUT,
+                "rate_limit": None, "enabled": True, "settings": {}, "created_at": ts(oldest), "updated_at": ts(oldest)}
 
     def get_queue_config(self, org: str, queue: str) -> dict:
         with self._lock:

@@ -1,5 +1,12 @@
 """The health/metrics HTTP endpoint (`--health-port`): /healthz, /readyz, /metrics, /status.
 
+/healthz (liveness) fails only when the main loop stops turning; /readyz (readiness) fails while the
+daemon is not registered, is draining, or has not heard from the API lately. An API outage therefore
+shows in /readyz, /status and /metrics, never in /healthz.
+
+POST /drain (from loopback only: the port is often bound to every address in a pod) asks the daemon
+to drain and hand its reserve back; `python -m supervisor drain` sends it.
+
 Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
 metrics) on that thread, so the daemon's snapshot must only read state that is safe to read from
 another thread, and must not wait on a lock the loop may hold while stuck: /healthz exists to
@@ -8,6 +15,7 @@ notice a stuck loop. A failing snapshot gives a 500 JSON answer; the server keep
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -20,28 +28,41 @@ from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict]
+ROUTES = ["/healthz", "/readyz", "/metrics", "/status", "POST /drain"]
 
 
-def liveness(snap: dict, max_loop_age: float, max_api_age: float | None) -> str | None:
-    """None when live; else why not: the main loop stalled, or the API has not answered lately."""
+def is_loopback_client(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def liveness(snap: dict, max_loop_age: float, max_children_down: float) -> str | None:
+    """None when live; else why not. Live means the main loop turns (it reaps, replaces and feeds the
+    children) and, unless draining, some child has been up within `max_children_down` seconds (the pool
+    can start them). Nothing about the API: a restart cannot mend an outage."""
     loop_age = snap.get("loop_age_secs")
     if loop_age is None or loop_age >= max_loop_age:
         return f"main loop has not turned for {loop_age}s (limit {max_loop_age}s)"
-    if max_api_age is not None:
-        api_age = snap.get("api_age_secs")
-        if api_age is None:
-            return "the Spooled API has not answered yet"
-        if api_age >= max_api_age:
-            return f"the Spooled API last answered {api_age:.1f}s ago (limit {max_api_age}s)"
+    down = snap.get("children_down_secs")
+    if not snap.get("draining") and down is not None and down >= max_children_down:
+        return f"no child process has been up for {down}s (limit {max_children_down}s): children cannot start"
     return None
 
 
-def readiness(snap: dict) -> str | None:
-    """None when ready (registered and not draining); else why not."""
+def readiness(snap: dict, max_api_silence: float) -> str | None:
+    """None when ready (registered, not draining, the API answered within `max_api_silence` seconds);
+    else why not."""
     if snap.get("draining"):
         return "draining"
     if not snap.get("registered"):
         return "not registered"
+    api_age = snap.get("api_age_secs")
+    if api_age is None or api_age >= max_api_silence:
+        return f"the Spooled API last answered {api_age}s ago (limit {max_api_silence}s)"
     return None
 
 
@@ -72,6 +93,20 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         self._route(head=False)
 
+    def do_POST(self):
+        health = self.server.health
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        length = int(self.headers.get("Content-Length") or 0)
+        if 0 < length <= 65536:
+            self.rfile.read(length)  # a body is allowed and ignored
+        if path != "/drain" or health.drain is None:
+            return self._json(404, {"status": "not found", "routes": ROUTES}, head=False)
+        if not is_loopback_client(self.client_address[0]):
+            return self._json(403, {"status": "forbidden", "reason": "POST /drain is taken from loopback only"},
+                              head=False)
+        health.drain()
+        return self._json(202, {"status": "draining"}, head=False)
+
     def _route(self, head: bool) -> None:
         health = self.server.health
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -80,15 +115,14 @@ class _Handler(BaseHTTPRequestHandler):
                 body = health.metrics.render().encode()
                 return self._send(200, body, CONTENT_TYPE, head)
             if path not in ("/healthz", "/readyz", "/status"):
-                routes = ["/healthz", "/readyz", "/metrics", "/status"]
-                return self._json(404, {"status": "not found", "routes": routes}, head)
+                return self._json(404, {"status": "not found", "routes": ROUTES}, head)
             snap = health.snapshot()
             if path == "/status":
                 return self._json(200, snap, head)
             if path == "/healthz":
-                reason = liveness(snap, health.max_loop_age, health.max_api_age)
+                reason = liveness(snap, health.max_loop_age, health.max_children_down)
             else:
-                reason = readiness(snap)
+                reason = readiness(snap, health.max_api_silence)
             ages = {k: snap.get(k) for k in ("loop_age_secs", "api_age_secs", "registered", "draining")}
             if reason is None:
                 return self._json(200, {"status": "ok", **ages}, head)
@@ -115,13 +149,16 @@ class HealthServer:
     """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
 
     def __init__(self, host: str, port: int, snapshot: Snapshot, metrics: DaemonMetrics,
-                 max_loop_age: float = 10.0, max_api_age: float | None = 60.0):
+                 max_loop_age: float = 10.0, max_api_silence: float = 60.0, drain: Callable[[], None] | None = None,
+                 max_children_down: float = 120.0):
         self.host = host
         self.requested_port = port
         self.snapshot = snapshot
         self.metrics = metrics
         self.max_loop_age = max_loop_age
-        self.max_api_age = max_api_age  # None: /healthz ignores the API
+        self.max_children_down = max_children_down  # /healthz fails after this long with no child up
+        self.max_api_silence = max_api_silence  # /readyz fails after this long without an API answer
+        self.drain = drain  # called (on the server's thread) for POST /drain; None: no such route
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 

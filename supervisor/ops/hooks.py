@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from supervisor.child.main import set_title
 from supervisor.config import Config
+from supervisor.ops.deletion_cost import PodAnnotator, deletion_cost
 from supervisor.ops.health import HealthServer
 from supervisor.ops.metrics import DaemonMetrics
 from supervisor.ops.notify import Notifier
 from supervisor.parent.events import NullHooks
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
-API_SILENCE_UNHEALTHY = 300.0  # /healthz fails when the API has not answered for this long
+EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while reloading or draining
 
 
 class DaemonHooks(NullHooks):
@@ -22,21 +23,29 @@ class DaemonHooks(NullHooks):
         self.notifier = Notifier.from_env()
         self.notifier.unset_env()  # children must not inherit NOTIFY_SOCKET
         self.health: HealthServer | None = None
+        self.annotator = PodAnnotator(cfg.k8s_pod) if cfg.k8s_pod is not None else None
         self._snapshot = None
         self._status_text = ""
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
+        self._extended_at: float | None = None
+        self._extended_until = 0.0
 
-    def start(self, snapshot) -> None:
+    def start(self, snapshot, drain=None) -> None:
+        """Serve the health port if asked; `drain` (thread-safe) is called for POST /drain."""
         self._snapshot = snapshot
         if self.cfg.health_port is not None:
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
-                                       max_api_age=API_SILENCE_UNHEALTHY)
+                                       max_api_silence=self.cfg.ready_api_silence, drain=drain)
             self.health.start()
+        if self.annotator is not None:
+            self.annotator.start()
 
     def stop(self) -> None:
         if self.health is not None:
             self.health.stop()
+        if self.annotator is not None:
+            self.annotator.stop()
 
     # -- arbiter events --
     def job_finished(self, queue, outcome, duration):
@@ -58,8 +67,19 @@ class DaemonHooks(NullHooks):
     def ready(self, status):
         self.notifier.ready(status)
 
+    def reloading(self, now):
+        self.notifier.reloading(now)
+
     def stopping(self):
         self.notifier.stopping()
+
+    def extend_timeout(self, now, seconds):
+        """Keep systemd's reload or stop timeout from firing while the daemon is still at it: EXTEND_TIMEOUT_USEC
+        every EXTEND_EVERY, or at once when the end moves later by more than that (a drain after a reload)."""
+        due = self._extended_at is None or now - self._extended_at >= EXTEND_EVERY
+        if due or now + seconds > self._extended_until + EXTEND_EVERY:
+            self._extended_at, self._extended_until = now, now + seconds
+            self.notifier.extend_timeout(seconds)
 
     def status(self, text):
         set_title(text)
@@ -76,4 +96,8 @@ class DaemonHooks(NullHooks):
             snap = self._snapshot()
             self.metrics.inflight.set(snap["inflight"])
             self.metrics.children_alive.set(len(snap["children"]))
+            self.metrics.busy_children.set(snap.get("busy", 0))
             self.metrics.reserved.set(snap.get("reserved", 0))
+            self.metrics.api_silence.set(snap.get("api_silence_secs", 0.0))
+            if self.annotator is not None:
+                self.annotator.offer(deletion_cost(snap))

@@ -231,10 +231,13 @@ class DaemonMetrics:
         self.jobs = r.counter(p + "jobs_total", "Jobs finished, by queue and outcome.", ("queue", "outcome"))
         self.job_duration = r.histogram(p + "job_duration_seconds", "Time a child spent running a job.", ("queue",),
                                         JOB_DURATION_BUCKETS)
-        self.inflight = r.gauge(p + "inflight_jobs", "Jobs currently running in children.")
+        self.inflight = r.gauge(p + "inflight_jobs", "Jobs this daemon holds: running, reserved or being reported.")
         self.children_alive = r.gauge(p + "children_alive", "Child processes currently alive.")
+        self.busy_children = r.gauge(p + "busy_children", "Children running a job now (the reserve not counted).")
         self.reserved = r.gauge(p + "reserved_jobs",
                                 "Jobs claimed ahead and not yet started (the claim-ahead reserve).")
+        self.api_silence = r.gauge(p + "api_last_answer_age_seconds",
+                                   "Seconds since the Spooled API last answered (since start if it never has).")
         self.child_restarts = r.counter(p + "child_restarts_total", "Children replaced, by reason.", ("reason",))
         self.lease_renewals = r.counter(p + "lease_renewals_total", "Lease renewals, by outcome.", ("outcome",))
         self.api_requests = r.counter(p + "api_requests_total", "Spooled API requests, by route and HTTP status.",

@@ -1,4 +1,4 @@
-"""systemd's sd_notify protocol in pure stdlib: READY, STATUS, STOPPING and WATCHDOG datagrams.
+"""systemd's sd_notify protocol in pure stdlib: READY, RELOADING, STATUS, STOPPING, EXTEND_TIMEOUT and WATCHDOG.
 
 Every send is a non-blocking datagram to `$NOTIFY_SOCKET` (a path, or an abstract socket when the
 value starts with `@`). A send never raises: failures are logged at debug and dropped, so the
@@ -89,6 +89,16 @@ class Notifier:
         if text == self._last_status:
             return True
         return self._send(f"STATUS={text}", text)
+
+    def reloading(self, now: float) -> bool:
+        """RELOADING=1 with MONOTONIC_USEC=`now` (CLOCK_MONOTONIC seconds, as time.monotonic gives on Linux):
+        a reload began; the unit shows `reloading` until the next READY=1."""
+        return self._send(f"RELOADING=1\nMONOTONIC_USEC={int(now * 1e6)}")
+
+    def extend_timeout(self, seconds: float) -> bool:
+        """EXTEND_TIMEOUT_USEC=: the running start, reload or stop may take `seconds` more from now. systemd
+        only ever moves its timeout later with it, never earlier."""
+        return self._send(f"EXTEND_TIMEOUT_USEC={max(0, int(seconds * 1e6))}")
 
     def stopping(self, status: str | None = None) -> bool:
         """STOPPING=1 (plus STATUS=): the drain has started."""

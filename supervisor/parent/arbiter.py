@@ -1,8 +1,9 @@
 """The parent process: one loop that routes between the child pool, the job flow and membership.
 
-Signal handlers only record the signal. Each turn the loop waits (select) on the children's
-sockets and sentinels, the API connections and one wake-up pipe (written by signal handlers and
-the name-resolving helper thread) for at most the earliest deadline any part offers, then in
+Signal handlers only record the signal, and the health port's thread records a drain request the
+same way. Each turn the loop waits (select) on the children's sockets and sentinels, the API
+connections and one wake-up pipe (written by signal handlers, drain requests and the
+name-resolving helper thread) for at most the earliest deadline any part offers, then in
 order: reads children, reaps the dead, acts on signals, takes API answers, enforces deadlines
 (job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands waiting jobs
 to idle children, claims for the idle ones left, and checks the drain.
@@ -28,6 +29,7 @@ from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
 from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
+from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.logs import log_event
 from supervisor.parent import orphans
 from supervisor.parent.events import NullHooks
@@ -55,7 +57,7 @@ from supervisor.parent.pool import ChildPool, HandlerImportFailed
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
-DEREGISTER_TIMEOUT = 5.0
+RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
 LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn does not spin a core
@@ -84,8 +86,11 @@ class Arbiter:
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent
         self.reloads = 0
+        self.reload_began: float | None = None  # the last SIGHUP, until every child is newer than it
         self.loop_errors = 0  # turns in a row that raised
         self.loop_at = time.monotonic()  # when the loop last turned (read by /healthz)
+        self.started_at = self.loop_at
+        self.children_up_at = self.loop_at  # when a child was last up (idle or busy), for /healthz
         self.signals: SimpleQueue = SimpleQueue()  # filled by signal handlers, emptied by the loop
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe()
@@ -115,7 +120,13 @@ class Arbiter:
         log_event(log, INFO, "supervisor starting", worker_id=self.cfg.worker_id, queue=",".join(self.cfg.queues),
                   procs=self.pool.target, procs_source=self.cfg.procs_source, handler=self.cfg.handler,
                   api_url=self.cfg.api_url, prefetch="auto" if self.cfg.prefetch is None else self.cfg.prefetch,
-                  max_rps=self.cfg.max_rps, version=__version__)
+                  max_rps=self.cfg.max_rps, version=__version__,
+                  **({"queue_from": self.cfg.queue_source} if self.cfg.queue_source else {}))
+        budget = stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout)
+        log_event(log, INFO, "stop budget: a stop takes at most this long; give TimeoutStopSec or "
+                             "terminationGracePeriodSeconds more", **budget.fields(),
+                  stop_budget_with_drain_request_secs=round(stop_budget(
+                      self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout, drain_request=True).total, 1))
         self.pool.converge(time.monotonic(), stopping_for_good=False)
         try:
             while self.exit_code is None:
@@ -137,6 +148,14 @@ class Arbiter:
     def _on_signal(self, signum, frame) -> None:
         self.signals.put_nowait(signum)
 
+    def ask_drain(self) -> None:
+        """Ask for a drain that hands the reserve back (from the health port's thread): queued like a signal."""
+        self.signals.put_nowait("DRAIN")
+        try:
+            os.write(self.wake_w, b"d")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is waking anyway
+
     def turn(self) -> None:
         """One pass of the loop (see the module docstring for the order)."""
         now = time.monotonic()
@@ -157,7 +176,10 @@ class Arbiter:
         if self.exit_code is not None:
             return
         self.pool.converge(now, stopping_for_good=self.stopping_for_good())
+        if any(c.idle or c.busy for c in self.pool.children.values()):
+            self.children_up_at = now
         self.feed_children(now)
+        self.check_reload(now)
         self.check_drain(now)
         self.update_title(now)
         self.hooks.tick(now)
@@ -248,7 +270,7 @@ class Arbiter:
         try:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:
-            log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}:\n{exc}")
+            log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}: {exc}")
             self.finish(exitcodes.HANDLER_IMPORT)
 
     def child_ready(self, fact: ChildReady, now: float) -> None:
@@ -279,10 +301,11 @@ class Arbiter:
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
-        """Act on the signals recorded since the last turn, by name: handle_SIGTERM and so on."""
+        """Act on the signals (and drain requests) recorded since the last turn, by name: handle_SIGTERM,
+        handle_DRAIN and so on."""
         while not self.signals.empty():
-            sig = signal.Signals(self.signals.get_nowait())
-            getattr(self, f"handle_{sig.name}")(now)
+            item = self.signals.get_nowait()
+            getattr(self, f"handle_{item if isinstance(item, str) else signal.Signals(item).name}")(now)
 
     def handle_SIGTERM(self, now: float, name: str = "SIGTERM") -> None:
         if self.phase is Phase.DRAINING:
@@ -294,6 +317,17 @@ class Arbiter:
                       drain_timeout=self.cfg.drain_timeout)
             self.begin_drain(now, exitcodes.OK)
 
+    def handle_DRAIN(self, now: float) -> None:
+        """A drain request (`python -m supervisor drain`, e.g. a pod's preStop hook): stop claiming, start no
+        more reserved jobs, let the running ones finish within the drain timeout, then deregister, which hands
+        the reserve (and anything still running at the deadline) back to the queue unaltered, and exit. A stop
+        signal that comes after it stops at once."""
+        log_event(log, INFO, "drain requested: no more claims or starts; reserved jobs go back to the queue when "
+                             "the running ones are done", running=len(self.jobs.inflight) - self.jobs.reserved(),
+                  reserved=self.jobs.reserved(), drain_timeout=self.cfg.drain_timeout)
+        self.jobs.stop_starting()
+        self.begin_drain(now, exitcodes.OK)
+
     def handle_SIGINT(self, now: float) -> None:
         self.handle_SIGTERM(now, "SIGINT")
 
@@ -301,6 +335,22 @@ class Arbiter:
         self.reloads += 1
         log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
         self.pool.replace_all("reload")
+        if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
+            self.reload_began = now
+            self.hooks.reloading(now)
+
+    def check_reload(self, now: float) -> None:
+        """READY=1 again once every child was started after the last SIGHUP (a drain ends the reload)."""
+        if self.reload_began is None:
+            return
+        if self.phase is not Phase.RUNNING:
+            self.reload_began = None
+        elif self.pool.all_up_since(self.reload_began):
+            self.reload_began = None
+            log_event(log, INFO, "reload complete: every child runs the reloaded handler", reload=self.reloads)
+            self.hooks.ready(self.status_line())
+        elif not self.pool.degraded(now):  # a busy child is replaced once its job ends, however long that takes
+            self.hooks.extend_timeout(now, RELOAD_EXTEND)  # (but new code that fails to start lets systemd time out)
 
     def handle_SIGTTIN(self, now: float) -> None:
         log_event(log, INFO, "SIGTTIN: one more child", procs=self.pool.resize(+1))
@@ -346,6 +396,8 @@ class Arbiter:
             self.begin_drain(now, exitcodes.OK)
         if self.phase is not Phase.DRAINING:
             return
+        if self.drain_deadline is not None:
+            self.hooks.extend_timeout(now, self.drain_deadline - now + self.stop_after_drain())
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
             self.finish(self.drain_code)
@@ -358,6 +410,11 @@ class Arbiter:
                                     "to the queue", jobs=busy)
             self.finish(self.drain_code)
 
+    def stop_after_drain(self) -> float:
+        """The longest `finish` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
+        two deregister attempts (supervisor.ops.budget)."""
+        return stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout).after_drain
+
     def finish(self, code: int) -> None:
         """Stop children, deregister (which releases any job still held) and set the exit code. The
         deregister blocks the loop, bounded: two attempts of at most DEREGISTER_TIMEOUT each, so a stop
@@ -366,7 +423,7 @@ class Arbiter:
             return
         self.pool.shutdown()
         if self.membership.registered and not self.membership.yielded:  # a newer daemon holds the row now
-            for attempt in (1, 2):
+            for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
                 try:
                     self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))
                     log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
@@ -420,6 +477,7 @@ class Arbiter:
     def status_line(self) -> str:
         pool = self.pool
         text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.jobs.inflight)}"
+        text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
     def update_title(self, now: float) -> None:
@@ -450,6 +508,8 @@ class Arbiter:
             "status": self.worker_status(now), "phase": self.phase.value,
             "loop_age_secs": round(now - self.loop_at, 3),
             "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
+            "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
+            "children_down_secs": round(now - self.children_up_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
             "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
             "held": self.jobs.held(), "queues": self.jobs.by_queue(),

@@ -24,6 +24,7 @@ import psutil
 from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
+from supervisor.config import Config
 from supervisor.ops.logs import log_event
 
 log = logging.getLogger("supervisor")
@@ -245,11 +246,19 @@ def multiprocessing_helper_pids() -> set[int]:
     return {p for p in pids if p}
 
 
-def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int) -> Child:
+def shared_env(cfg: Config) -> dict[str, str]:
+    """What children add to their environment: the API key and URL with --share-api-key, else nothing."""
+    if not cfg.share_api_key:
+        return {}
+    return {"SPOOLED_API_KEY": cfg.api_key.value, "SPOOLED_API_URL": cfg.api_url}
+
+
+def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int,
+                env: dict[str, str] | None = None) -> Child:
     parent_end, child_end = socket.socketpair()
     proc = _CONTEXT.Process(
         target=child_main,
-        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid(), _group_grace),
+        args=(child_end, handler, slot, worker_id, max_result_bytes, os.getpid(), _group_grace, env),
         name=f"spooled-child-{slot}",
     )
     try:

@@ -102,10 +102,14 @@ class JobFlow:
         self.claim_rtt = Tail()  # claim round trip (s): the 90th percentile of the last 32 measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
+        self.starting = True  # waiting jobs go to idle children; False once stop_starting()
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
-        return not self.inflight.jobs and not self.claim_inflight
+        """Nothing left to finish: no job held (or, after stop_starting, none but the unstarted reserve)."""
+        if self.claim_inflight:
+            return False
+        return not self.inflight.jobs if self.starting else self.inflight.waiting_count() == len(self.inflight)
 
     def next_deadline(self, now: float, may_claim: bool, idle: int, claim_gate: float = 0.0) -> float | None:
         """The earliest time this part must act: a lease to renew, a timeout, a report to resend, or
@@ -223,16 +227,22 @@ class JobFlow:
         return []
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
-        """Which idle child takes which waiting job, oldest job first."""
-        if not idle or not self.inflight.waiting_count():
+        """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
+        if not self.starting or not idle or not self.inflight.waiting_count():
             return []
         return list(zip(idle, self.inflight.waiting(), strict=False))
+
+    def stop_starting(self) -> None:
+        """Hand no more waiting jobs to children. They stay held (leases renewed) until deregistering hands
+        them back to the queue unaltered: the API has no route that releases one job, and failing it would
+        spend one of its retries."""
+        self.starting = False
 
     def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
         """Which busy child (of those that may hold one) is sent which waiting job ahead, to start it the
         moment its own job ends: only jobs of queues whose jobs are short, for children whose job is
-        expected to end soon, the soonest first; never with --prefetch 0."""
-        if self.cfg.prefetch == 0 or not busy or not self.inflight.waiting_count():
+        expected to end soon, the soonest first; never with --prefetch 0 or after stop_starting."""
+        if self.cfg.prefetch == 0 or not self.starting or not busy or not self.inflight.waiting_count():
             return []
         ready = []
         for c in busy:

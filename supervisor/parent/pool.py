@@ -13,10 +13,11 @@ import signal
 import time
 from logging import DEBUG, ERROR, INFO, WARNING
 
+from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import Child, death_cause, kill_group, signal_child, spawn_child
+from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobStarted
 
@@ -71,6 +72,10 @@ class ChildPool:
     def all_up(self) -> bool:
         """Every slot has a child and none is still starting."""
         return len(self.children) >= self.target and not any(c.starting for c in self.children.values())
+
+    def all_up_since(self, since: float) -> bool:
+        """Every slot has a child, up, and started at or after `since` (so a reload then has reached all)."""
+        return self.all_up() and all(c.started_at >= since for c in self.children.values())
 
     def degraded(self, now: float) -> bool:
         """Children are crash-looping: a boot failure lately, or 3 crashes within DEGRADED_FOR."""
@@ -185,7 +190,9 @@ class ChildPool:
             frame = msg.get("t")
             if frame == "ready":
                 keeper = msg.get("keeper")
-                facts.append(self._ready(child, keeper if isinstance(keeper, int) else None))
+                facts.append(ready := self._ready(child, keeper if isinstance(keeper, int) else None))
+                if ready.first and isinstance(msg.get("about"), dict):
+                    self._report_handler(msg["about"])
             elif frame == "done":
                 facts += self._done(child, msg, now)
             elif frame == "started" and isinstance(msg.get("id"), str):
@@ -267,6 +274,12 @@ class ChildPool:
         first, self.any_ready = not self.any_ready, True
         return ChildReady(child.slot, first)
 
+    def _report_handler(self, about: dict) -> None:
+        """Once, from the first child up: what was taken from the handler's SDK worker and what was not."""
+        given = None if self.cfg.queue_source else self.cfg.queues
+        for text, fields in sdkworker.report(self.cfg.handler, about, given):
+            log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
+
     def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
         following = msg.get("next")
         following = following if isinstance(following, str) else None
@@ -320,7 +333,7 @@ class ChildPool:
     def _start_child(self, slot: int, now: float) -> None:
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
-                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child)
+                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, env=shared_env(self.cfg))
         except OSError as exc:  # out of processes or memory: back off like a child that failed to start
             failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
             self.last_boot_failure = now

@@ -1,0 +1,39 @@
+"""`python -m supervisor.child.probe MOD:ATTR FD`: import the handler once, in a process of its own, and
+write what the daemon needs before it starts (the SDK worker's facts, or the boot error) to descriptor FD.
+
+The daemon runs this when --queue is not given, to read the queue from the handler's SDK worker: the
+daemon itself never imports user code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import orjson
+
+from supervisor.child.handler import load_handler
+from supervisor.child.main import BOOT_ERROR_EXIT, boot_error_text
+
+
+def main(argv: list[str]) -> int:
+    spec, fd = argv[0], int(argv[1])
+    os.set_inheritable(fd, False)  # nothing the handler's module starts may hold the daemon's read open
+    answer: dict[str, object]
+    try:
+        handler = load_handler(spec)
+    except BaseException as exc:
+        answer, code = {"error": boot_error_text(exc)}, BOOT_ERROR_EXIT
+    else:
+        answer, code = {"about": handler.about}, 0
+    with os.fdopen(fd, "wb") as out:
+        out.write(orjson.dumps(answer, default=str))
+    return code
+
+
+if __name__ == "__main__":
+    sys.stdout.flush()
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # whatever threads the user's module started must not hold the daemon's start-up

@@ -1,0 +1,68 @@
+"""Liveness and readiness of a real daemon while its API is away: /healthz stays 200 (a restart mends no
+outage), /readyz turns 503 after --ready-api-silence, and /status and /metrics show how long the API has
+been silent. When the API is back, /readyz is 200 again without a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import requests
+from conftest import Daemon, DevServer, free_port, metric, wait_until
+
+
+def answer(port: int, path: str) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("outage", ["stopped", "frozen"])
+def test_an_api_outage_fails_readiness_never_liveness(tmp_path, outage):
+    db = str(tmp_path / "dev.db")
+    server = DevServer(db).start()
+    port = free_port()
+    d = Daemon(server, "q-outage", procs=1, worker_id=f"w-outage-{outage}",
+               args=["--health-port", str(port), "--ready-api-silence", "2", "--api-timeout", "1"]).start()
+    try:
+        d.wait_ready()
+        wait_until(lambda: answer(port, "/readyz").status_code == 200, timeout=10, what="/readyz 200")
+        if outage == "stopped":
+            server.stop()
+        else:
+            os.kill(server.proc.pid, signal.SIGSTOP)  # accepts connections, never answers
+
+        def unready():
+            r = answer(port, "/readyz")
+            return r.json() if r.status_code == 503 else None
+
+        reason = wait_until(unready, timeout=20, what="/readyz 503 during the outage")["reason"]
+        assert "Spooled API last answered" in reason
+        silent = answer(port, "/status").json()["api_silence_secs"]
+        assert silent >= 2
+        assert metric(port, "api_last_answer_age_seconds") >= 1  # the gauge is refreshed once a second
+        # Liveness through the outage: every sample 200 until the silence is three times readiness's limit.
+        samples = []
+
+        def live_until_long_silence():
+            live = answer(port, "/healthz")
+            samples.append(live.status_code)
+            assert live.status_code == 200, live.text
+            return answer(port, "/status").json()["api_silence_secs"] >= 6
+
+        wait_until(live_until_long_silence, timeout=20, interval=0.2, what="six seconds of API silence")
+        assert len(samples) > 5 and d.proc.poll() is None
+
+        if outage == "stopped":
+            server = DevServer(db, port=server.port).start()  # the same API again
+        else:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        wait_until(lambda: answer(port, "/readyz").status_code == 200, timeout=30, what="/readyz 200 again")
+        assert answer(port, "/healthz").status_code == 200
+        d.signal(signal.SIGTERM)
+        assert d.wait(30) == 0
+    finally:
+        if server.proc and server.proc.poll() is None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        d.stop()
+        server.stop()
