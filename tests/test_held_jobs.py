@@ -95,6 +95,26 @@ def loop(monkeypatch):
 
 
 @pytest.mark.timeout(30)
+def test_the_childs_inbox_takes_what_has_arrived_without_waiting_and_reads_a_begun_frame_to_its_end():
+    parent, child = socket.socketpair()
+    inbox = wire.Inbox(child)
+    assert inbox.arrived() == []  # nothing sent: no wait
+    big = {"t": "job", "job": {"id": "big", "payload": "x" * (3 * 2**20)}}
+    chan = wire.Channel(parent)
+    chan.send({"t": "drop", "id": "a"})
+    chan.send(big)  # more than the socket buffer: the rest goes out as the child reads
+    writer = threading.Thread(target=lambda: [chan.flush() for _ in iter(lambda: chan.wants_write, False)])
+    writer.start()
+    assert inbox.arrived() == [{"t": "drop", "id": "a"}, big]
+    writer.join(5)
+    chan.send({"t": "stop"})
+    assert inbox.arrived(wait=True) == [{"t": "stop"}]
+    parent.close()
+    with pytest.raises(EOFError):
+        inbox.arrived(wait=True)
+
+
+@pytest.mark.timeout(30)
 def test_a_job_sent_while_one_runs_starts_when_it_ends_and_its_done_frame_names_it(loop):
     loop.job("a", gate="a")
     loop.wait_running("a")
