@@ -321,12 +321,15 @@ def test_no_job_is_held_behind_one_that_overruns_its_estimate():
 
 def test_claims_read_the_tail_of_the_round_trips_not_their_mean():
     rtt = Tail(quantile=0.9, window=10)
-    for sample in [0.02] * 8 + [0.2, 0.02]:
+    for sample in [0.02] * 8 + [0.05, 0.02]:
         rtt.add(sample)
-    assert rtt.value == 0.2  # one slow answer in ten sets the horizon; a mean would say 0.038
+    assert rtt.value == 0.05  # one slow answer in ten sets the horizon; a mean would say 0.023
     for _ in range(10):
         rtt.add(0.02)
     assert rtt.value == 0.02  # and it leaves the window
+    for sample in [3.0, 2.5]:  # a stall: the host paused, or the API stuck for seconds
+        rtt.add(sample)
+    assert rtt.value == pytest.approx(0.06)  # held to 3 x the median: no claim for seconds of work
 
 
 def test_a_queues_history_of_short_jobs_lets_a_new_daemon_reach_ahead_before_its_first_job_ends():

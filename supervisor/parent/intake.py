@@ -51,18 +51,21 @@ class Ewma:
 
 class Tail:
     """A high percentile of the last `window` samples (claim round trips): claims sized and timed on it,
-    not on the mean, so one slow answer in ten does not leave a child without a job. `value` is None
-    until the first sample."""
+    not on the mean, so one slow answer in ten does not leave a child without a job. It is held to
+    `cap` times the median, so a stall of a few seconds (the host paused, the API stuck) does not size
+    the next claims for seconds of work. `value` is None until the first sample."""
 
-    def __init__(self, quantile: float = 0.9, window: int = 32):
+    def __init__(self, quantile: float = 0.9, window: int = 32, cap: float = 3.0):
         self.quantile = quantile
+        self.cap = cap
         self.samples: deque[float] = deque(maxlen=window)
         self.value: float | None = None
 
     def add(self, sample: float) -> None:
         self.samples.append(sample)
         ordered = sorted(self.samples)
-        self.value = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        high = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        self.value = min(high, self.cap * ordered[len(ordered) // 2])
 
 
 @dataclass(frozen=True)
