@@ -30,6 +30,7 @@ from supervisor.client import rest as api
 from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
+from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.parent import orphans
 from supervisor.parent.events import NullHooks
@@ -41,22 +42,28 @@ from supervisor.parent.facts import (
     Fact,
     Fatal,
     Followup,
+    HandBack,
+    Heard,
     JobDone,
     JobReturned,
     JobStarted,
     RecallJob,
     Registered,
+    ShedJob,
     StopJob,
     TakenOver,
 )
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
+from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
+from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+PRESSURE_CHECK_EVERY = 1.0  # seconds between two readings of the memory the daemon has
 RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
@@ -76,7 +83,8 @@ class Phase(enum.Enum):
 
 
 class Arbiter:
-    def __init__(self, cfg: Config, client: api.SpooledAPI, hooks: NullHooks | None = None):
+    def __init__(self, cfg: Config, client: api.SpooledAPI, hooks: NullHooks | None = None,
+                 memory: MemorySource | None = None):
         self.cfg = cfg
         self.api = client
         self.hooks = hooks or NullHooks()
@@ -102,9 +110,13 @@ class Arbiter:
         self.http = (client.loop_client(self.sel, self.wake_w) if cfg.transport == "grpc" else  # type: ignore[attr-defined]
                      LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs)))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
-        self.pool = ChildPool(cfg, self.sel, self.hooks)
+        self.memory = memory if memory is not None else MemorySource.detect()
+        self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
+        self.next_pressure_check = 0.0
+        self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
+        self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
         self._ps_self = psutil.Process()
@@ -112,7 +124,7 @@ class Arbiter:
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
         """Run until drained or stopped; return the process exit code. The caller has started the
-        forkserver (`childproc.start_forkserver`) before any thread of this process exists."""
+        forkserver (`forkservers.start_forkserver`) before any thread of this process exists."""
         for sig in HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
@@ -142,6 +154,7 @@ class Arbiter:
         finally:
             self.pool.shutdown()
             signal.set_wakeup_fd(-1)
+            self.listener.close()
             self.http.close()
         return self.exit_code
 
@@ -167,11 +180,13 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
+        self.hear(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
         self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
+        self.check_memory(now)
         self.send_heartbeat(now)
         if self.exit_code is not None:
             return
@@ -199,6 +214,8 @@ class Arbiter:
             self.reap(obj, time.monotonic())
         elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
+        elif source == "events":
+            self.hear(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
@@ -207,7 +224,7 @@ class Arbiter:
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
         times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
-                 self.pacer.next_deadline(now)]
+                 self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
         if self.http.results:
@@ -265,6 +282,24 @@ class Arbiter:
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
             elif isinstance(fact, DrainAsked):
                 self.begin_drain(now, exitcodes.OK)
+            elif isinstance(fact, (HandBack, ShedJob)):
+                self.relieve_memory(fact, now)
+
+    def relieve_memory(self, fact: HandBack | ShedJob, now: float) -> None:
+        """Under memory pressure: hand the reserved jobs back, or stop a running one and fail its job."""
+        if isinstance(fact, HandBack):
+            self.jobs.hand_back_reserved(fact.error, now)
+        else:
+            self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+            self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+
+    def hear(self, news: list[Heard | Fatal], now: float) -> None:
+        """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
+        for fact in news:
+            if isinstance(fact, Fatal):
+                self.fatal(fact, now)
+            else:
+                self.jobs.heard(fact, now)
 
     def reap(self, child, now: float) -> None:
         try:
@@ -279,22 +314,37 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand waiting jobs to idle children, send the outcomes recorded this turn, claim for the children
-        that are idle or soon will be (the pacer puts outcomes ahead of claims), then send busy children
-        their next job ahead while running (never during a drain)."""
-        for child, entry in self.jobs.assignments(self.pool.idle_children()):
+        """Hand waiting jobs to idle children (not under memory pressure), send the outcomes recorded this
+        turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
+        claims), then send busy children their next job ahead while running (never during a drain or
+        under memory pressure, which asks the held ones back)."""
+        for child, entry in self.jobs.assignments([] if self.pressure.paused else self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
                 self.jobs.started(entry, child, now)
         self.jobs.send_reports()
         self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
                               self.pacer.allows_claim(now), self.pacer.rate)
-        if self.phase is Phase.RUNNING:
+        if self.pressure.paused:
+            self.route(self.jobs.recall_held(), now)  # no child starts a job on its own under pressure
+        elif self.phase is Phase.RUNNING:
             for child, entry in self.jobs.holds(self.pool.holding_children(), now):
                 if self.pool.hold_job(child, entry.job, self.jobs.start_by(entry)):
                     self.jobs.hold(entry, child)
 
     def may_claim(self) -> bool:
-        return self.membership.registered and self.phase is Phase.RUNNING
+        return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
+
+    def check_memory(self, now: float) -> None:
+        """Every PRESSURE_CHECK_EVERY, read the memory the daemon has and act on the pressure part's say."""
+        if now < self.next_pressure_check:
+            return
+        self.next_pressure_check = now + PRESSURE_CHECK_EVERY
+        running = []
+        for child in list(self.pool.children.values()):
+            entry = self.jobs.inflight.get(child.job_id) if child.busy else None
+            if entry is not None and entry.started_at is not None:
+                running.append(Running(child.slot, entry.id, entry.started_at))
+        self.route(self.pressure.observe(self.memory.read(), now, self.jobs.reserved(), running), now)
 
     def stopping_for_good(self) -> bool:
         return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.jobs.inflight.jobs)
@@ -334,7 +384,7 @@ class Arbiter:
     def handle_SIGHUP(self, now: float) -> None:
         self.reloads += 1
         log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
-        self.pool.replace_all("reload")
+        self.pool.reload()
         if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
             self.reload_began = now
             self.hooks.reloading(now)
@@ -453,6 +503,10 @@ class Arbiter:
         cpu, mem = self.tree_usage()
         metadata = self.membership.heartbeat_metadata(self.pool.target, self.pool.busy_count(),
                                                       len(self.pool.children), cpu, mem)
+        reading = self.pressure.reading
+        if reading is not None:
+            metadata["memory"] = {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
+                                  "pressure": self.pressure.state}
         self.membership.send_heartbeat(now, len(self.jobs.inflight), self.worker_status(now), metadata, cpu, mem)
 
     def worker_status(self, now: float | None = None) -> str:
@@ -500,6 +554,9 @@ class Arbiter:
                 "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
                 "job_runtime_secs": round(now - entry.started_at, 3) if entry and entry.started_at else None,
                 "rss_bytes": child.rss, "jobs_done": child.jobs_done, "restarts": self.pool.restarts.get(child.slot, 0),
+                "memory_bytes": child.memory.bytes if child.memory else None,
+                "subprocesses": child.memory.subprocesses if child.memory else None,
+                "memory_kind": child.memory.kind if child.memory else None,
             })
         api_ok_at = self.membership.api_ok_at
         return {
@@ -518,5 +575,8 @@ class Arbiter:
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
             "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
             "reserve_wait_ms": self.jobs.reserve_wait_ms(),
+            "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
+            "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
+                     "jobs_announced": self.listener.wake.created_seen},
             "children": sorted(children, key=lambda c: c["slot"]),
         }

@@ -107,8 +107,39 @@ class DrainAsked:
     """The API asked this worker to drain (a heartbeat answer's `should_drain`)."""
 
 
+@dataclass(frozen=True)
+class HandBack:
+    """Give every reserved (claimed, not started) job back to the queue, failed with `error`."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ShedJob:
+    """Stop the child on `slot` running `job_id` and fail the job with `error` (memory pressure)."""
+
+    slot: int
+    job_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class WorkCreated:
+    """The events stream announced a job on `queue` (None: on some queue of ours): claim there now."""
+
+    queue: str | None
+
+
+@dataclass(frozen=True)
+class Listening:
+    """The events stream went live (`live`) or down: re-check every queue, and poll slowly only while live."""
+
+    live: bool
+
+
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked)
+        | TakenOver | DrainAsked | HandBack | ShedJob)
+Heard = WorkCreated | Listening  # what the events stream tells the job flow
 
 
 @dataclass(frozen=True)
