@@ -43,6 +43,7 @@ from supervisor.parent.facts import (
     Fatal,
     Followup,
     HandBack,
+    Heard,
     JobDone,
     Registered,
     ShedJob,
@@ -54,6 +55,7 @@ from supervisor.parent.membership import Membership
 from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
+from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
 
@@ -111,6 +113,7 @@ class Arbiter:
         self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
+        self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
         self._ps_self = psutil.Process()
@@ -148,6 +151,7 @@ class Arbiter:
         finally:
             self.pool.shutdown()
             signal.set_wakeup_fd(-1)
+            self.listener.close()
             self.http.close()
         return self.exit_code
 
@@ -173,6 +177,7 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
+        self.hear(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
@@ -206,6 +211,8 @@ class Arbiter:
             self.reap(obj, time.monotonic())
         elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
+        elif source == "events":
+            self.hear(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
@@ -214,7 +221,7 @@ class Arbiter:
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
         times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
-                 self.pacer.next_deadline(now)]
+                 self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
         if self.http.results:
@@ -282,6 +289,11 @@ class Arbiter:
         else:
             self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
             self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+
+    def hear(self, news: list[Heard], now: float) -> None:
+        """Hand the events stream's news to the job flow (the only part it concerns)."""
+        for fact in news:
+            self.jobs.heard(fact, now)
 
     def reap(self, child, now: float) -> None:
         try:
@@ -549,5 +561,7 @@ class Arbiter:
             "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
             "reserve_wait_ms": self.jobs.reserve_wait_ms(),
             "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
+            "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
+                     "jobs_announced": self.listener.wake.created_seen},
             "children": sorted(children, key=lambda c: c["slot"]),
         }
