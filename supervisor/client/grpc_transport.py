@@ -4,7 +4,7 @@
 `heartbeat_call`, `claim_call`, `complete_call`, `fail_call`, `renew_lease_call`, blocking
 `deregister`); `LoopGrpc` runs them with the same interface as `LoopHTTP` (`submit`, `done`,
 `expire`, `next_deadline`, `on_ready`, `close`, `results`) and answers with the same results and
-typed errors (`supervisor.client.rest`), so the parent stays transport-agnostic.
+typed errors (`supervisor.client.calls`), so the parent stays transport-agnostic.
 
 Design, for the parent's single select() loop:
 - Two shapes (`mode`), measured by benchmarks/bench_grpc.py. `unary` (the default): every call is
@@ -50,8 +50,7 @@ from typing import Any
 
 from supervisor import __version__
 from supervisor.backoff import backoff
-from supervisor.client.hosts import is_loopback
-from supervisor.client.rest import (
+from supervisor.client.calls import (
     AlreadyFinished,
     ApiError,
     Conflict,
@@ -60,10 +59,11 @@ from supervisor.client.rest import (
     RateLimited,
     Rejected,
     Secret,
-    SpooledAPI,
     Unauthorized,
     Unavailable,
 )
+from supervisor.client.hosts import is_loopback
+from supervisor.client.rest import SpooledAPI
 
 INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"

@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from supervisor.backoff import backoff
+from supervisor.client.calls import ApiError, Call, Endpoint, Unavailable, decode, network_error
 from supervisor.client.httpconn import FramingError, ResponseReader, build_request, header_block
-from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -52,7 +52,7 @@ class _Conn:
 
 
 class LoopHTTP:
-    def __init__(self, api: SpooledAPI, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4):
+    def __init__(self, api: Endpoint, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4):
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -302,7 +302,7 @@ class LoopHTTP:
         else:
             conn.state = "idle"
         try:
-            result, error = self.api.result(call, response), None
+            result, error = decode(call, response), None
         except ApiError as exc:
             result, error = None, exc
         except Exception as exc:  # a 2xx the client cannot read (e.g. not the JSON shape expected)
