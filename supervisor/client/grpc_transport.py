@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import selectors
 import threading
 import time
 from collections.abc import Callable
@@ -264,9 +265,11 @@ class GrpcAPI:
             self.queue_stub = pb_grpc.QueueServiceStub(self._channel)
             self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
 
-    def loop_client(self, sel, wake_fd: int, mode: str = "unary") -> LoopGrpc:
-        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST); with
-        `self.rest`, REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready)."""
+    def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4,
+                    mode: str = "unary") -> LoopGrpc:
+        """The parent loop's transport for these calls (see supervisor.client.transport); with `self.rest`,
+        REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready). gRPC
+        multiplexes every call on one channel, so `max_connections` does not apply."""
         return LoopGrpc(self, sel, wake_fd, mode=mode)
 
     def close(self) -> None:
@@ -342,7 +345,7 @@ class GrpcAPI:
                                                           lease_duration_secs=lease_secs, batch_size=1))
         return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
 
-    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> GrpcCall:
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> GrpcCall:
         from supervisor.devserver.grpc_gen import spooled_pb2 as pb
 
         req = pb.CompleteRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id)

@@ -28,6 +28,7 @@ only, never a requests exception or the request it holds), a repr or a log line.
 
 from __future__ import annotations
 
+import selectors
 import ssl
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ from supervisor.client.calls import (
     network_error,
 )
 from supervisor.client.httpconn import Response
+from supervisor.client.loophttp import LoopHTTP
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -107,6 +109,10 @@ class SpooledAPI:
             self._blocking = BlockingTransport(self, self._key)
         return self._blocking.execute(call, timeout)
 
+    def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4) -> LoopHTTP:
+        """The parent loop's transport for these calls (see supervisor.client.transport)."""
+        return LoopHTTP(self, sel, wake_fd, max_connections=max_connections)
+
     def close(self) -> None:
         """Close the blocking path's kept-alive connections."""
         if self._blocking is not None:
@@ -155,7 +161,7 @@ class SpooledAPI:
     def claim(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
         return self.execute(self.claim_call(queue, worker_id, limit, lease_secs))
 
-    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> Call:
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id}
         if result is not None:
             body["result"] = result
