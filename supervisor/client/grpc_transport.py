@@ -85,7 +85,7 @@ def require_grpc() -> None:
     try:
         import grpc  # noqa: F401
 
-        from supervisor.devserver.grpc_gen import spooled_pb2, spooled_pb2_grpc  # noqa: F401
+        from supervisor.proto import spooled_pb2, spooled_pb2_grpc  # noqa: F401
     except ImportError as exc:
         raise GrpcMissing(f"{INSTALL_HINT} ({exc})") from None
 
@@ -244,7 +244,7 @@ class GrpcAPI:
                 return
             import grpc
 
-            from supervisor.devserver.grpc_gen import spooled_pb2_grpc as pb_grpc
+            from supervisor.proto import spooled_pb2_grpc as pb_grpc
 
             options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
                        ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
@@ -282,7 +282,7 @@ class GrpcAPI:
     def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int,
                       metadata: dict, queue_names: list[str] | None = None) -> GrpcCall:
         """Register takes one queue over gRPC: further queues travel in metadata["queue_names"] (JSON)."""
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         meta = dict(metadata or {})
         if queue_names:
@@ -297,7 +297,7 @@ class GrpcAPI:
     def heartbeat_call(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
                        cpu_percent: float | None = None, memory_percent: float | None = None) -> GrpcCall:
         """Answers {"acknowledged": True, "should_drain": bool}; an unknown worker is Rejected(404), as on REST."""
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         meta = _str_map(metadata)
         for name, value in (("cpu_percent", cpu_percent), ("memory_percent", memory_percent)):
@@ -320,7 +320,7 @@ class GrpcAPI:
         """Blocking and bounded by `timeout` (else the API timeout); raises the typed ApiError."""
         import grpc
 
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         self.connect()
         started = time.monotonic()
@@ -339,14 +339,14 @@ class GrpcAPI:
 
     # -- job calls (in-band on the ProcessJobs stream) --
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         msg = pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=queue, worker_id=worker_id,
                                                           lease_duration_secs=lease_secs, batch_size=1))
         return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
 
     def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         req = pb.CompleteRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id)
         error = None
@@ -365,7 +365,7 @@ class GrpcAPI:
                         error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         text = (error or "Job failed").encode()[:4096].decode("utf-8", "ignore")
         # retry=True explicitly: "retry per max_retries" on every server version (on <= 0.1.115 an unset
@@ -377,7 +377,7 @@ class GrpcAPI:
                         rest_call=rest_call)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         req = pb.RenewLeaseRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id, extension_secs=lease_secs)
         return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
