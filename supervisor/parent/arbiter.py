@@ -32,8 +32,8 @@ from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,

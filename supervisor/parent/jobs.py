@@ -28,8 +28,8 @@ from supervisor.client import rest as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.childproc import Child
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, Heard, JobDone, Listening, StopJob, Submit
 from supervisor.parent.inflight import Entry, InFlight, Outcome
 from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
