@@ -45,7 +45,7 @@ import queue
 import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +115,7 @@ def parse_grpc_url(url: str) -> tuple[str, str, bool]:
 
 
 # ------------------------------------------------------------------ conversions
-def restore_ints(value):
+def restore_ints(value: Any) -> Any:
     """Struct doubles -> int where whole and below 2**53 in size (recursively); other values unchanged."""
     if isinstance(value, float):
         return int(value) if value.is_integer() and -EXACT_INT < value < EXACT_INT else value
@@ -126,7 +126,7 @@ def restore_ints(value):
     return value
 
 
-def _rfc3339(ts) -> str | None:
+def _rfc3339(ts: Any) -> str | None:
     if ts.seconds == 0 and ts.nanos == 0:
         return None
     g = time.gmtime(ts.seconds)
@@ -134,7 +134,7 @@ def _rfc3339(ts) -> str | None:
             f"{ts.nanos // 1000:06d}Z")
 
 
-def job_dict(job) -> dict:
+def job_dict(job: Any) -> dict:
     """A Job message shaped like a REST claim answer (payload a dict with ints restored, or None)."""
     from google.protobuf import json_format
 
@@ -154,7 +154,7 @@ def _str_map(metadata: dict | None) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ errors
-def map_status(code, message: str, job_route: bool) -> ApiError:
+def map_status(code: Any, message: str, job_route: bool) -> ApiError:
     """A gRPC status -> the typed error the parent acts on (as `rest.classify` does for HTTP)."""
     import grpc
 
@@ -383,7 +383,7 @@ class GrpcAPI:
         return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
 
 
-def _unary_job_answer(kind: str, answer):
+def _unary_job_answer(kind: str, answer: Any) -> Any:
     if kind == "claim":
         return [job_dict(j) for j in answer.jobs]
     if kind == "fail":
@@ -391,7 +391,7 @@ def _unary_job_answer(kind: str, answer):
     return None
 
 
-def _heartbeat_answer(r) -> dict:
+def _heartbeat_answer(r: Any) -> dict:
     if not r.acknowledged:
         raise Rejected(404, "NOT_FOUND", "the API does not know this worker (heartbeat not acknowledged)")
     return {"acknowledged": True, "should_drain": bool(r.should_drain)}
@@ -426,7 +426,7 @@ class _Stream:
         self.call = api.queue_stub.ProcessJobs(self._iterate(), metadata=api.metadata)
         threading.Thread(target=self._read, name="grpc-stream", daemon=True).start()
 
-    def _iterate(self):
+    def _iterate(self) -> Iterator[Any]:
         while True:
             msg = self.requests.get()
             if msg is None:
@@ -445,7 +445,7 @@ class _Stream:
         except Exception as exc:  # never lose the end of a stream
             self._emit(("end", self, exc))
 
-    def send(self, slot: _Pending, msg) -> None:
+    def send(self, slot: _Pending, msg: Any) -> None:
         self.sent.append(slot)
         self.requests.put(msg)
 
@@ -457,7 +457,7 @@ class _Stream:
 class LoopGrpc:
     """`LoopHTTP`'s interface over gRPC (see the module docstring). Only the loop thread calls it."""
 
-    def __init__(self, api: GrpcAPI, sel=None, wake_fd: int = -1, mode: str = "unary"):
+    def __init__(self, api: GrpcAPI, sel: selectors.BaseSelector, wake_fd: int = -1, mode: str = "unary") -> None:
         if mode not in ("stream", "unary"):
             raise ValueError("mode must be 'stream' or 'unary'")
         self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
@@ -477,7 +477,7 @@ class LoopGrpc:
         self.rest: Any = None  # a LoopHTTP for the REST fallback, made on first use
 
     # ------------------------------------------------------------- interface
-    def submit(self, tag, call: GrpcCall, first: bool = False) -> None:
+    def submit(self, tag: Any, call: GrpcCall, first: bool = False) -> None:
         now = time.monotonic()
         if call.rest_only and call.error is not None:
             return self._fall_back(tag, call, call.error)
@@ -499,7 +499,7 @@ class LoopGrpc:
         future = method.future(call.message, metadata=self.api.metadata, timeout=self.api.timeout)
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
-    def _submit_unary_job(self, tag, call: GrpcCall, now: float) -> None:
+    def _submit_unary_job(self, tag: Any, call: GrpcCall, now: float) -> None:
         rpc, field_name = JOB_UNARY[call.kind]
         request = getattr(call.message, field_name)
         if call.kind == "claim":
@@ -551,7 +551,7 @@ class LoopGrpc:
                                                               f"{self.last_error or 'connecting'}"), lost=True)
         self._pump(now)
 
-    def on_ready(self, conn, mask: int, now: float) -> None:
+    def on_ready(self, conn: Any, mask: int, now: float) -> None:
         """A selector event of the REST fallback's sockets (gRPC registers nothing)."""
         if self.rest is not None:
             self.rest.on_ready(conn, mask, now)
@@ -603,7 +603,7 @@ class LoopGrpc:
                 resend.append(slot)
         self.waiting.extendleft(reversed(resend))
 
-    def _on_answer(self, stream: _Stream, answer, now: float) -> None:
+    def _on_answer(self, stream: _Stream, answer: Any, now: float) -> None:
         if stream is not self.stream or not stream.sent:
             return  # from a stream already given up
         self.failures = 0
@@ -637,7 +637,7 @@ class LoopGrpc:
                           "next_retry_delay_secs": answer.fail.next_retry_delay_secs}]
         self._finish(slot, now)
 
-    def _on_end(self, stream: _Stream, exc, now: float) -> None:
+    def _on_end(self, stream: _Stream, exc: BaseException | None, now: float) -> None:
         if stream is not self.stream:
             return
         import grpc
@@ -674,7 +674,7 @@ class LoopGrpc:
             return self._result(slot.tag, call, slot.started, error=error)
         self._result(slot.tag, call, slot.started, slot.jobs[0] if slot.jobs else None)
 
-    def _on_unary(self, tag, call: GrpcCall, started: float, future) -> None:
+    def _on_unary(self, tag: Any, call: GrpcCall, started: float, future: Any) -> None:
         import grpc
 
         try:
@@ -697,7 +697,7 @@ class LoopGrpc:
             return self._result(tag, call, started, error=exc)
         self._result(tag, call, started, result)
 
-    def _fall_back(self, tag, call: GrpcCall, grpc_error: ApiError) -> None:
+    def _fall_back(self, tag: Any, call: GrpcCall, grpc_error: ApiError) -> None:
         """Send a settlement over REST instead; its answer comes back through done() (a REST failure as
         `grpc_error`, the answer gRPC gave)."""
         from supervisor.client.loophttp import LoopHTTP
@@ -710,7 +710,8 @@ class LoopGrpc:
         call.fell_back = True
         self.rest.submit(("grpc-fallback", tag, call, grpc_error), build())
 
-    def _result(self, tag, call: GrpcCall, started: float, result=None, error: ApiError | None = None) -> None:
+    def _result(self, tag: Any, call: GrpcCall, started: float, result: Any = None, error: ApiError | None = None
+                ) -> None:
         if self.api.on_request is not None:
             status = 200 if error is None else error.status
             self.api.on_request(call.route, status, time.monotonic() - started)
@@ -743,7 +744,7 @@ class LoopGrpc:
                 self._on_unary(a, b, rest[0], rest[1])
 
 
-def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
+def make_api(cfg: Any, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
     """The GrpcAPI for `cfg.transport == 'grpc'`, from cfg.grpc_url, cfg.api_key, cfg.api_timeout and
     cfg.ca_bundle, with cfg.api_url (if set) as the REST fallback for settlements. Raises GrpcMissing
     (one line to print, exit 2) without the grpc extra, ValueError for a malformed URL. Creates no
@@ -757,7 +758,8 @@ def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -
                    ca_bundle=ca_bundle, on_request=on_request, rest=rest)
 
 
-def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
+def make_transport(cfg: Any, wake_fd: int, selector: selectors.BaseSelector,
+                   on_request: Callable[[str, int, float], None] | None = None,
                    mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
     """(api, client): `make_api(cfg)` and its loop client on `selector` / `wake_fd`; the shape comes from
     cfg.grpc_mode if present ('unary' or 'stream'), else `mode`."""

@@ -89,7 +89,7 @@ class SpooledAPI:
     def __repr__(self) -> str:
         return f"SpooledAPI({self.base_url!r})"
 
-    def call(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
+    def call(self, method: str, path: str, body: Any = None, route: str | None = None, job_route: bool = False,
              resend_on_stale: bool = True, answer: Callable | None = None, retry_safe: bool = False) -> Call:
         data = b"" if body is None else (body if isinstance(body, bytes) else exactjson.dumps(body))
         return Call(method, self.prefix + path, data, route or path, job_route, resend_on_stale, answer, retry_safe)
@@ -99,7 +99,7 @@ class SpooledAPI:
         return decode(call, response)
 
     # ------------------------------------------------------------ blocking transport
-    def execute(self, call: Call, timeout: float | None = None):
+    def execute(self, call: Call, timeout: float | None = None) -> Any:
         """Send `call` and return its result; raise ApiError otherwise (see the module's docstring).
         Without `timeout`: the shared session, the API timeout, idempotent calls retried. With `timeout`:
         one attempt on a fresh connection, over within `timeout` seconds."""
@@ -118,8 +118,8 @@ class SpooledAPI:
         if self._blocking is not None:
             self._blocking.close()
 
-    def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
-                resend_on_stale: bool = True, retry_safe: bool = False):
+    def request(self, method: str, path: str, body: Any = None, route: str | None = None, job_route: bool = False,
+                resend_on_stale: bool = True, retry_safe: bool = False) -> Any:
         return self.execute(self.call(method, path, body, route, job_route, resend_on_stale, retry_safe=retry_safe))
 
     # -- worker routes --
@@ -177,15 +177,15 @@ class SpooledAPI:
         return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat",
                          job_route=True)
 
-    def bulk_create(self, queue: str, payloads: list, **defaults) -> dict:
+    def bulk_create(self, queue: str, payloads: list, **defaults: Any) -> dict:
         body = {"queue_name": queue, "jobs": [{"payload": p} for p in payloads],
                 **{k: v for k, v in defaults.items() if v is not None}}
         return self.request("POST", "/api/v1/jobs/bulk", body, route="bulk_create", resend_on_stale=False)
 
-    def get(self, path: str):
+    def get(self, path: str) -> Any:
         return self.request("GET", path, None, route="get")
 
-    def create_job(self, queue: str, payload, **fields) -> dict:
+    def create_job(self, queue: str, payload: Any, **fields: Any) -> dict:
         body = {"queue_name": queue, "payload": payload, **{k: v for k, v in fields.items() if v is not None}}
         keyed = fields.get("idempotency_key") is not None
         return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale=keyed, retry_safe=keyed)
