@@ -1,4 +1,4 @@
-"""The daemon's gRPC transport: a drop-in for the parent loop's REST pair (SpooledAPI + LoopHTTP).
+"""The daemon's gRPC `Transport` (supervisor.client.transport), beside REST's SpooledAPI + LoopHTTP.
 
 `GrpcAPI` builds calls with the same methods and arguments as `SpooledAPI` (`register_call`,
 `heartbeat_call`, `claim_call`, `complete_call`, `fail_call`, `renew_lease_call`, blocking
@@ -213,8 +213,8 @@ class GrpcCall:
 
 
 class GrpcAPI:
-    """Builds `GrpcCall`s with SpooledAPI's signatures; owns the (lazy) channel. The key lives only in
-    the call metadata; it never appears in a repr, a log line or an exception."""
+    """The gRPC `Transport`: builds `GrpcCall`s with SpooledAPI's signatures; owns the (lazy) channel. The key
+    lives only in the call metadata; it never appears in a repr, a log line or an exception."""
 
     def __init__(self, url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None):

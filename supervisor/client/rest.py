@@ -62,8 +62,9 @@ __all__ = ["USER_AGENT", "AlreadyFinished", "ApiError", "Call", "Conflict", "Lea
 
 
 class SpooledAPI:
-    """Builds `Call`s for every route and runs them: `execute` blocks (requests, see the module's docstring);
-    the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
+    """The REST `Transport` (supervisor.client.transport): builds `Call`s for every route and runs them.
+    `execute` blocks (requests, see the module's docstring); the parent loop sends the same calls on
+    non-blocking sockets instead (`loop_client`: supervisor.client.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None, attempts: int = 1):
