@@ -29,7 +29,7 @@ import pytest
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # wherever tests/ nests it
 PACKAGE = ROOT / "supervisor"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
