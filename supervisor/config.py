@@ -466,6 +466,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
-        procs_source=procs_source, share_api_key=values["share_api_key"], preload=values["preload"],
-        memory_high=high, memory_max=top, wake=values["wake"],
+        procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
+        preload=values["preload"], memory_high=high, memory_max=top,
     )

@@ -28,5 +28,6 @@ def test_fleet_benchmark_tiny_run(tmp_path):
     assert r["makespan_s"] >= r["span_s"] > 0 and r["ideal_s"] == 0.2 and r["requests_per_job"] > 0
     for window in (r["idle_before"], r["idle_after"]):
         assert window["seconds"] == 1 and window["all_mean"] >= window["beyond_heartbeats_mean"] >= 0
-    assert r["server"]["requests"] > 0 and r["server"]["cpu_us_per_request"] > 0
+    # A tiny burst may cost the server less CPU than one tick of the clock psutil reads: 0 is possible.
+    assert r["server"]["requests"] > 0 and r["server"]["cpu_us_per_request"] >= 0
     assert "first start after enqueue" in proc.stdout

@@ -123,7 +123,7 @@ def test_a_slow_api_never_stalls_the_loop(server):
 def test_503s_and_cut_answers_lose_no_job(tmp_path):
     server = DevServer(
         str(tmp_path / "dev.db"),
-        extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25", "--fault-cut", "0.1", "--fault-seed", "4"],
+        extra=["--lease-sweep-interval", "0.2", "--fault-503", "0.25", "--fault-cut", "0.1", "--fault-seed", "5"],
     ).start()
     d = Daemon(server, "faulty", procs=2, args=["--lease", "5"]).start()
     try:

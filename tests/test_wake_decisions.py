@@ -87,13 +87,14 @@ def test_an_empty_claim_waits_for_the_safety_poll_unless_a_job_was_announced_mea
     flow.heard(Listening(True), now)
     flow.maybe_claim(now, 2, 2, True)
     assert flow.claim_inflight
-    [(_, _, call, (followup, _))] = sim.pending
+    claims = lambda: [p for p in sim.pending if p[2].route == "claim"]  # noqa: E731 (the queue's statistics go too)
+    [(_, _, call, (followup, _))] = claims()
     flow.heard(WorkCreated("q"), now + 0.01)  # announced while the claim was on the wire
     followup.answer([], None, now + 0.02)
     assert flow.queues["q"].next_claim_at == now + 0.02, "claim again at once: the answer may predate the job"
 
     flow.maybe_claim(now + 0.02, 2, 2, True)
-    [_, (_, _, _, (again, _))] = sim.pending
+    [_, (_, _, _, (again, _))] = claims()
     again.answer([], None, now + 0.04)
     wait = flow.queues["q"].next_claim_at - (now + 0.04)
     assert 0.8 * SAFETY_POLL <= wait <= SAFETY_POLL, "nothing announced: the slow safety poll"
@@ -144,3 +145,13 @@ def test_the_retry_time_follows_the_servers_back_off():
         sim.pending.clear()
         followup.answer(None, None, now)
         assert max(flow.queues["q"].retries_due) == pytest.approx(now + delay + 0.55)
+
+
+def test_a_refused_key_on_the_stream_is_fatal_as_on_any_route():
+    from supervisor import exitcodes
+    from supervisor.parent.facts import Fatal
+
+    wake = Wake(True, ["a"], open_timeout=10.0)
+    wake.opening(0.0)
+    [fact] = wake.refused(401, "Invalid API key", 0.0)
+    assert isinstance(fact, Fatal) and fact.code == exitcodes.AUTH and "events stream" in fact.error

@@ -20,11 +20,12 @@ import logging
 from collections.abc import Callable
 from logging import DEBUG, INFO, WARNING
 
+from supervisor import exitcodes
 from supervisor.backoff import backoff
 from supervisor.client.events import EventsConnection, Resolver, events_path
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
-from supervisor.parent.facts import Heard, Listening, WorkCreated
+from supervisor.parent.facts import Fatal, Heard, Listening, WorkCreated
 
 log = logging.getLogger("supervisor")
 
@@ -73,14 +74,14 @@ class Wake:
         """The API's addresses are not known yet: try again shortly."""
         self.reopen_at = now + ADDRESS_WAIT
 
-    def opened(self, now: float) -> list[Heard]:
+    def opened(self, now: float) -> list[Heard | Fatal]:
         self.state, self.failures = "live", 0
         self.lives += 1
         log_event(log, INFO if self.lives == 1 else DEBUG, "listening for new jobs on the events stream",
                   streams=self.lives)
         return [Listening(True)]
 
-    def received(self, name: str, data: str, now: float) -> list[Heard]:
+    def received(self, name: str, data: str, now: float) -> list[Heard | Fatal]:
         """A server-sent event: a job created on one of our queues means claim there now."""
         if name != CREATED:
             return []
@@ -98,7 +99,7 @@ class Wake:
         log_event(log, DEBUG, "job announced", job_id=envelope["data"].get("job_id"), queue=queue)
         return [WorkCreated(queue)]
 
-    def lost(self, now: float, reason: str) -> list[Heard]:
+    def lost(self, now: float, reason: str) -> list[Heard | Fatal]:
         """The stream failed or ended: reopen after a back-off (short after a stream that was live)."""
         was_live = self.state == "live"
         self.failures = 1 if was_live else self.failures + 1
@@ -110,8 +111,12 @@ class Wake:
                   retry_in=round(wait, 2), failures=self.failures)
         return [Listening(False)] if was_live else []
 
-    def refused(self, status: int, message: str, now: float) -> list[Heard]:
-        """The server answered the stream's request with `status`, not a stream."""
+    def refused(self, status: int, message: str, now: float) -> list[Heard | Fatal]:
+        """The server answered the stream's request with `status`, not a stream. A 401 is the key's
+        refusal, as on any route: fatal (stop claiming, deliver what is in flight, exit)."""
+        if status == 401:
+            self.state, self.reopen_at = "down", now + REOPEN_CAP
+            return [Fatal(exitcodes.AUTH, f"401 on the events stream: {message}")]
         if status not in (403, 404, 405):
             return self.lost(now, f"{status}: {message}")
         was_live = self.state == "live"
@@ -120,7 +125,7 @@ class Wake:
         log_event(log, WARNING, f"{why} ({status}): finding new jobs by polling", error=message)
         return [Listening(False)] if was_live else []
 
-    def stopped(self, now: float) -> list[Heard]:
+    def stopped(self, now: float) -> list[Heard | Fatal]:
         """The daemon may not claim now (draining, not registered): the stream is closed until it may."""
         was_live = self.state == "live"
         if self.state != "off":
@@ -152,7 +157,7 @@ class Listener:
             return cls(cfg, conn, lambda: http.addrs)
         return cls(cfg, conn, Resolver(rest.host, rest.port, wake_fd))
 
-    def turn(self, now: float, may_claim: bool) -> list[Heard]:
+    def turn(self, now: float, may_claim: bool) -> list[Heard | Fatal]:
         """Open, reopen or drop the stream as `Wake` says."""
         wake, conn = self.wake, self.conn
         if conn is None or wake.state == "off":
@@ -175,7 +180,7 @@ class Listener:
         addr = addrs[self.next_addr % len(addrs)]
         return self._notes(conn.connect(addr, now), now)
 
-    def on_ready(self, mask: int, now: float) -> list[Heard]:
+    def on_ready(self, mask: int, now: float) -> list[Heard | Fatal]:
         return self._notes(self.conn.on_ready(mask, now), now) if self.conn is not None else []
 
     def next_deadline(self, now: float, may_claim: bool) -> float | None:
@@ -185,8 +190,8 @@ class Listener:
         if self.conn is not None:
             self.conn.close()
 
-    def _notes(self, notes: list[tuple], now: float) -> list[Heard]:
-        facts: list[Heard] = []
+    def _notes(self, notes: list[tuple], now: float) -> list[Heard | Fatal]:
+        facts: list[Heard | Fatal] = []
         for note in notes:
             kind = note[0]
             if kind == "open":
