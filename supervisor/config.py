@@ -28,8 +28,8 @@ from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from supervisor import cli
+from supervisor.client.calls import Secret
 from supervisor.client.hosts import is_loopback
-from supervisor.client.rest import Secret
 from supervisor.cpus import granted_cpus
 from supervisor.ops.deletion_cost import NotInPod, PodRef, in_cluster
 

@@ -20,7 +20,7 @@ import orjson
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.config import Config
-from supervisor.parent.events import NullHooks
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import JobDone
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.pacer import Pacer

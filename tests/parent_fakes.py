@@ -15,8 +15,8 @@ import orjson
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.config import Config
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.childproc import Child
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import Followup
 
 URL = "http://127.0.0.1:9"  # never contacted

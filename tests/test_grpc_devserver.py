@@ -49,7 +49,7 @@ def _claim_one(client, worker="w1", lease=30):
 def test_stubs_are_current():
     """The committed stubs are what regenerate.py makes from supervisor/proto/spooled.proto."""
     pytest.importorskip("grpc_tools")
-    done = subprocess.run([sys.executable, "-m", "supervisor.devserver.grpc_gen.regenerate", "--check"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "supervisor.proto.regenerate", "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -179,7 +179,7 @@ def test_wrong_or_missing_key_is_unauthenticated(server):
             list(bad.queue.stream_jobs(Q, "w1"))
     finally:
         bad.close()
-    from supervisor.devserver.grpc_gen import spooled_pb2, spooled_pb2_grpc
+    from supervisor.proto import spooled_pb2, spooled_pb2_grpc
 
     with grpc.insecure_channel(server.grpc_address) as channel:
         stub = spooled_pb2_grpc.QueueServiceStub(channel)

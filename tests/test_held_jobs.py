@@ -24,7 +24,7 @@ from intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, 
 from supervisor.child import main as child_main
 from supervisor.child import wire
 from supervisor.client.rest import Secret, SpooledAPI
-from supervisor.parent.events import NullHooks
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import ChildLost, JobDone, JobReturned, JobStarted, RecallJob, StopJob
 from supervisor.parent.intake import (
     HISTORY_MIN_JOBS,

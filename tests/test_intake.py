@@ -16,7 +16,7 @@ import pytest
 from flow_sim import Sim, make_cfg
 
 from supervisor.client.rest import Secret, SpooledAPI
-from supervisor.parent.events import NullHooks
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import JobDone
 from supervisor.parent.intake import (
     MAX_CLAIM,

@@ -12,7 +12,7 @@ from flow_sim import Sim, make_cfg
 
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
-from supervisor.parent.events import NullHooks
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.pacer import CREEP_BY, CREEP_EVERY, PLAN_MARGIN, SHARED_BACKOFF, Pacer
 

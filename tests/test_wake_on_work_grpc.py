@@ -13,8 +13,8 @@ pytestmark = pytest.mark.timeout(60)
 def test_a_job_enqueued_over_grpc_wakes_a_grpc_daemon(tmp_path):
     import grpc
 
-    from supervisor.devserver.grpc_gen import spooled_pb2 as pb
-    from supervisor.devserver.grpc_gen import spooled_pb2_grpc as pb_grpc
+    from supervisor.proto import spooled_pb2 as pb
+    from supervisor.proto import spooled_pb2_grpc as pb_grpc
 
     server = start_server(tmp_path)
     daemon = Daemon(server, "g-wake", args=["--transport", "grpc", "--grpc-url", server.grpc_address,

@@ -37,6 +37,7 @@ from supervisor.child.handler import (
     load_handler,
     new_context,
 )
+from supervisor.ops.title import set_title
 
 BOOT_ERROR_EXIT = 3
 ERROR_LIMIT = 2048
@@ -63,15 +64,6 @@ def _die_of_sigterm() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
     os._exit(128 + signal.SIGTERM)  # not reached
-
-
-def set_title(text: str) -> None:
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(text)
-    except Exception:  # a title is cosmetic; never let it stop a job
-        pass
 
 
 def release_forkserver() -> None:

@@ -22,8 +22,8 @@ import requests
 import requests.adapters
 
 from supervisor.backoff import backoff
+from supervisor.client.calls import ApiError, Call, Endpoint, Unavailable, decode
 from supervisor.client.httpconn import Response
-from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable
 
 RETRY_STATUSES = (408, 502, 503, 504)
 
@@ -60,7 +60,7 @@ def framing_problem(status: int, version: int, headers: Any) -> str | None:
 
 
 class BlockingTransport:
-    def __init__(self, api: SpooledAPI, key: str):
+    def __init__(self, api: Endpoint, key: str):
         self.api = api
         self._key = key
         self._session: requests.Session | None = None
@@ -117,7 +117,8 @@ class BlockingTransport:
                 api.on_request(call.route, status, time.monotonic() - started)
         if failure is not None:
             raise failure  # outside the except block: no __context__ pointing at the request
-        return api.result(call, response)
+        assert response is not None  # set whenever no failure was
+        return decode(call, response)
 
     def execute(self, call: Call, timeout: float | None) -> object:
         if timeout is not None:

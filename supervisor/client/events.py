@@ -45,7 +45,7 @@ _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
 class SseParser:
     """Incremental server-sent events framing: `feed(bytes)` returns the events completed, as (name, data)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._buf = b""
         self._name = ""
         self._data: list[str] = []

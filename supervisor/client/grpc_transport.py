@@ -1,10 +1,10 @@
-"""The daemon's gRPC transport: a drop-in for the parent loop's REST pair (SpooledAPI + LoopHTTP).
+"""The daemon's gRPC `Transport` (supervisor.client.transport), beside REST's SpooledAPI + LoopHTTP.
 
 `GrpcAPI` builds calls with the same methods and arguments as `SpooledAPI` (`register_call`,
 `heartbeat_call`, `claim_call`, `complete_call`, `fail_call`, `renew_lease_call`, blocking
 `deregister`); `LoopGrpc` runs them with the same interface as `LoopHTTP` (`submit`, `done`,
 `expire`, `next_deadline`, `on_ready`, `close`, `results`) and answers with the same results and
-typed errors (`supervisor.client.rest`), so the parent stays transport-agnostic.
+typed errors (`supervisor.client.calls`), so the parent stays transport-agnostic.
 
 Design, for the parent's single select() loop:
 - Two shapes (`mode`), measured by benchmarks/bench_grpc.py. `unary` (the default): every call is
@@ -42,16 +42,16 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import selectors
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor import __version__
 from supervisor.backoff import backoff
-from supervisor.client.hosts import is_loopback
-from supervisor.client.rest import (
+from supervisor.client.calls import (
     AlreadyFinished,
     ApiError,
     Conflict,
@@ -60,10 +60,11 @@ from supervisor.client.rest import (
     RateLimited,
     Rejected,
     Secret,
-    SpooledAPI,
     Unauthorized,
     Unavailable,
 )
+from supervisor.client.hosts import is_loopback
+from supervisor.client.rest import SpooledAPI
 
 INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -84,7 +85,7 @@ def require_grpc() -> None:
     try:
         import grpc  # noqa: F401
 
-        from supervisor.devserver.grpc_gen import spooled_pb2, spooled_pb2_grpc  # noqa: F401
+        from supervisor.proto import spooled_pb2, spooled_pb2_grpc  # noqa: F401
     except ImportError as exc:
         raise GrpcMissing(f"{INSTALL_HINT} ({exc})") from None
 
@@ -114,7 +115,7 @@ def parse_grpc_url(url: str) -> tuple[str, str, bool]:
 
 
 # ------------------------------------------------------------------ conversions
-def restore_ints(value):
+def restore_ints(value: Any) -> Any:
     """Struct doubles -> int where whole and below 2**53 in size (recursively); other values unchanged."""
     if isinstance(value, float):
         return int(value) if value.is_integer() and -EXACT_INT < value < EXACT_INT else value
@@ -125,7 +126,7 @@ def restore_ints(value):
     return value
 
 
-def _rfc3339(ts) -> str | None:
+def _rfc3339(ts: Any) -> str | None:
     if ts.seconds == 0 and ts.nanos == 0:
         return None
     g = time.gmtime(ts.seconds)
@@ -133,7 +134,7 @@ def _rfc3339(ts) -> str | None:
             f"{ts.nanos // 1000:06d}Z")
 
 
-def job_dict(job) -> dict:
+def job_dict(job: Any) -> dict:
     """A Job message shaped like a REST claim answer (payload a dict with ints restored, or None)."""
     from google.protobuf import json_format
 
@@ -153,7 +154,7 @@ def _str_map(metadata: dict | None) -> dict[str, str]:
 
 
 # ------------------------------------------------------------------ errors
-def map_status(code, message: str, job_route: bool) -> ApiError:
+def map_status(code: Any, message: str, job_route: bool) -> ApiError:
     """A gRPC status -> the typed error the parent acts on (as `rest.classify` does for HTTP)."""
     import grpc
 
@@ -212,8 +213,8 @@ class GrpcCall:
 
 
 class GrpcAPI:
-    """Builds `GrpcCall`s with SpooledAPI's signatures; owns the (lazy) channel. The key lives only in
-    the call metadata; it never appears in a repr, a log line or an exception."""
+    """The gRPC `Transport`: builds `GrpcCall`s with SpooledAPI's signatures; owns the (lazy) channel. The key
+    lives only in the call metadata; it never appears in a repr, a log line or an exception."""
 
     def __init__(self, url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None):
@@ -243,7 +244,7 @@ class GrpcAPI:
                 return
             import grpc
 
-            from supervisor.devserver.grpc_gen import spooled_pb2_grpc as pb_grpc
+            from supervisor.proto import spooled_pb2_grpc as pb_grpc
 
             options = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE),
                        ("grpc.keepalive_time_ms", 20_000), ("grpc.keepalive_timeout_ms", 10_000),
@@ -264,9 +265,11 @@ class GrpcAPI:
             self.queue_stub = pb_grpc.QueueServiceStub(self._channel)
             self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
 
-    def loop_client(self, sel, wake_fd: int, mode: str = "unary") -> LoopGrpc:
-        """The parent loop's client for these calls (what LoopHTTP(api, sel, wake_fd) is for REST); with
-        `self.rest`, REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready)."""
+    def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4,
+                    mode: str = "unary") -> LoopGrpc:
+        """The parent loop's transport for these calls (see supervisor.client.transport); with `self.rest`,
+        REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready). gRPC
+        multiplexes every call on one channel, so `max_connections` does not apply."""
         return LoopGrpc(self, sel, wake_fd, mode=mode)
 
     def close(self) -> None:
@@ -279,7 +282,7 @@ class GrpcAPI:
     def register_call(self, queue: str, worker_id: str, hostname: str, max_concurrency: int,
                       metadata: dict, queue_names: list[str] | None = None) -> GrpcCall:
         """Register takes one queue over gRPC: further queues travel in metadata["queue_names"] (JSON)."""
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         meta = dict(metadata or {})
         if queue_names:
@@ -294,7 +297,7 @@ class GrpcAPI:
     def heartbeat_call(self, worker_id: str, current_jobs: int, status: str, metadata: dict | None = None,
                        cpu_percent: float | None = None, memory_percent: float | None = None) -> GrpcCall:
         """Answers {"acknowledged": True, "should_drain": bool}; an unknown worker is Rejected(404), as on REST."""
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         meta = _str_map(metadata)
         for name, value in (("cpu_percent", cpu_percent), ("memory_percent", memory_percent)):
@@ -327,7 +330,7 @@ class GrpcAPI:
         """Blocking and bounded by `timeout` (else the API timeout); raises the typed ApiError."""
         import grpc
 
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         self.connect()
         started = time.monotonic()
@@ -346,14 +349,14 @@ class GrpcAPI:
 
     # -- job calls (in-band on the ProcessJobs stream) --
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         msg = pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=queue, worker_id=worker_id,
                                                           lease_duration_secs=lease_secs, batch_size=1))
         return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
 
-    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> GrpcCall:
+        from supervisor.proto import spooled_pb2 as pb
 
         req = pb.CompleteRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id)
         error = None
@@ -372,7 +375,7 @@ class GrpcAPI:
                         error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         text = (error or "Job failed").encode()[:4096].decode("utf-8", "ignore")
         # retry=True explicitly: "retry per max_retries" on every server version (on <= 0.1.115 an unset
@@ -384,13 +387,13 @@ class GrpcAPI:
                         rest_call=rest_call)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
-        from supervisor.devserver.grpc_gen import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2 as pb
 
         req = pb.RenewLeaseRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id, extension_secs=lease_secs)
         return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
 
 
-def _unary_job_answer(kind: str, answer):
+def _unary_job_answer(kind: str, answer: Any) -> Any:
     if kind == "claim":
         return [job_dict(j) for j in answer.jobs]
     if kind == "fail":
@@ -398,7 +401,7 @@ def _unary_job_answer(kind: str, answer):
     return None
 
 
-def _heartbeat_answer(r) -> dict:
+def _heartbeat_answer(r: Any) -> dict:
     if not r.acknowledged:
         raise Rejected(404, "NOT_FOUND", "the API does not know this worker (heartbeat not acknowledged)")
     return {"acknowledged": True, "should_drain": bool(r.should_drain)}
@@ -433,7 +436,7 @@ class _Stream:
         self.call = api.queue_stub.ProcessJobs(self._iterate(), metadata=api.metadata)
         threading.Thread(target=self._read, name="grpc-stream", daemon=True).start()
 
-    def _iterate(self):
+    def _iterate(self) -> Iterator[Any]:
         while True:
             msg = self.requests.get()
             if msg is None:
@@ -452,7 +455,7 @@ class _Stream:
         except Exception as exc:  # never lose the end of a stream
             self._emit(("end", self, exc))
 
-    def send(self, slot: _Pending, msg) -> None:
+    def send(self, slot: _Pending, msg: Any) -> None:
         self.sent.append(slot)
         self.requests.put(msg)
 
@@ -464,7 +467,7 @@ class _Stream:
 class LoopGrpc:
     """`LoopHTTP`'s interface over gRPC (see the module docstring). Only the loop thread calls it."""
 
-    def __init__(self, api: GrpcAPI, sel=None, wake_fd: int = -1, mode: str = "unary"):
+    def __init__(self, api: GrpcAPI, sel: selectors.BaseSelector, wake_fd: int = -1, mode: str = "unary") -> None:
         if mode not in ("stream", "unary"):
             raise ValueError("mode must be 'stream' or 'unary'")
         self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
@@ -484,7 +487,7 @@ class LoopGrpc:
         self.rest: Any = None  # a LoopHTTP for the REST fallback, made on first use
 
     # ------------------------------------------------------------- interface
-    def submit(self, tag, call: GrpcCall, first: bool = False) -> None:
+    def submit(self, tag: Any, call: GrpcCall, first: bool = False) -> None:
         now = time.monotonic()
         if call.rest_only and call.error is not None:
             return self._fall_back(tag, call, call.error)
@@ -506,7 +509,7 @@ class LoopGrpc:
         future = method.future(call.message, metadata=self.api.metadata, timeout=self.api.timeout)
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
-    def _submit_unary_job(self, tag, call: GrpcCall, now: float) -> None:
+    def _submit_unary_job(self, tag: Any, call: GrpcCall, now: float) -> None:
         rpc, field_name = JOB_UNARY[call.kind]
         request = getattr(call.message, field_name)
         if call.kind == "claim":
@@ -558,7 +561,7 @@ class LoopGrpc:
                                                               f"{self.last_error or 'connecting'}"), lost=True)
         self._pump(now)
 
-    def on_ready(self, conn, mask: int, now: float) -> None:
+    def on_ready(self, conn: Any, mask: int, now: float) -> None:
         """A selector event of the REST fallback's sockets (gRPC registers nothing)."""
         if self.rest is not None:
             self.rest.on_ready(conn, mask, now)
@@ -610,7 +613,7 @@ class LoopGrpc:
                 resend.append(slot)
         self.waiting.extendleft(reversed(resend))
 
-    def _on_answer(self, stream: _Stream, answer, now: float) -> None:
+    def _on_answer(self, stream: _Stream, answer: Any, now: float) -> None:
         if stream is not self.stream or not stream.sent:
             return  # from a stream already given up
         self.failures = 0
@@ -644,7 +647,7 @@ class LoopGrpc:
                           "next_retry_delay_secs": answer.fail.next_retry_delay_secs}]
         self._finish(slot, now)
 
-    def _on_end(self, stream: _Stream, exc, now: float) -> None:
+    def _on_end(self, stream: _Stream, exc: BaseException | None, now: float) -> None:
         if stream is not self.stream:
             return
         import grpc
@@ -681,7 +684,7 @@ class LoopGrpc:
             return self._result(slot.tag, call, slot.started, error=error)
         self._result(slot.tag, call, slot.started, slot.jobs[0] if slot.jobs else None)
 
-    def _on_unary(self, tag, call: GrpcCall, started: float, future) -> None:
+    def _on_unary(self, tag: Any, call: GrpcCall, started: float, future: Any) -> None:
         import grpc
 
         try:
@@ -704,7 +707,7 @@ class LoopGrpc:
             return self._result(tag, call, started, error=exc)
         self._result(tag, call, started, result)
 
-    def _fall_back(self, tag, call: GrpcCall, grpc_error: ApiError) -> None:
+    def _fall_back(self, tag: Any, call: GrpcCall, grpc_error: ApiError) -> None:
         """Send a settlement over REST instead; its answer comes back through done() (a REST failure as
         `grpc_error`, the answer gRPC gave)."""
         from supervisor.client.loophttp import LoopHTTP
@@ -717,7 +720,8 @@ class LoopGrpc:
         call.fell_back = True
         self.rest.submit(("grpc-fallback", tag, call, grpc_error), build())
 
-    def _result(self, tag, call: GrpcCall, started: float, result=None, error: ApiError | None = None) -> None:
+    def _result(self, tag: Any, call: GrpcCall, started: float, result: Any = None, error: ApiError | None = None
+                ) -> None:
         if self.api.on_request is not None:
             status = 200 if error is None else error.status
             self.api.on_request(call.route, status, time.monotonic() - started)
@@ -750,7 +754,7 @@ class LoopGrpc:
                 self._on_unary(a, b, rest[0], rest[1])
 
 
-def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
+def make_api(cfg: Any, on_request: Callable[[str, int, float], None] | None = None) -> GrpcAPI:
     """The GrpcAPI for `cfg.transport == 'grpc'`, from cfg.grpc_url, cfg.api_key, cfg.api_timeout and
     cfg.ca_bundle, with cfg.api_url (if set) as the REST fallback for settlements. Raises GrpcMissing
     (one line to print, exit 2) without the grpc extra, ValueError for a malformed URL. Creates no
@@ -764,7 +768,8 @@ def make_api(cfg, on_request: Callable[[str, int, float], None] | None = None) -
                    ca_bundle=ca_bundle, on_request=on_request, rest=rest)
 
 
-def make_transport(cfg, wake_fd: int, selector, on_request: Callable[[str, int, float], None] | None = None,
+def make_transport(cfg: Any, wake_fd: int, selector: selectors.BaseSelector,
+                   on_request: Callable[[str, int, float], None] | None = None,
                    mode: str = "unary") -> tuple[GrpcAPI, LoopGrpc]:
     """(api, client): `make_api(cfg)` and its loop client on `selector` / `wake_fd`; the shape comes from
     cfg.grpc_mode if present ('unary' or 'stream'), else `mode`."""

@@ -62,7 +62,7 @@ class ResponseReader:
     __slots__ = ("_parser", "_status", "_headers", "_body", "_interim", "_head_done", "_keep_alive",
                  "_eof_framed", "_head_bytes", "_fed", "_final", "interim_count")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._parser = httptools.HttpResponseParser(self)
         self.expect()
 
@@ -110,7 +110,7 @@ class ResponseReader:
         where = "body" if self._head_done else "headers"
         raise ConnectionResetError(f"connection closed in the middle of the answer's {where}")
 
-    def _feed(self, data) -> Response | None:
+    def _feed(self, data: bytes | memoryview) -> Response | None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:

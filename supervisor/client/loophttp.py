@@ -27,8 +27,8 @@ import time
 from typing import Any
 
 from supervisor.backoff import backoff
-from supervisor.client.httpconn import FramingError, ResponseReader, build_request, header_block
-from supervisor.client.rest import ApiError, Call, SpooledAPI, Unavailable, network_error
+from supervisor.client.calls import ApiError, Call, Endpoint, Unavailable, decode, network_error
+from supervisor.client.httpconn import FramingError, Response, ResponseReader, build_request, header_block
 
 _READ = 65536
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -37,7 +37,7 @@ _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
 class _Conn:
     __slots__ = ("sock", "state", "tag", "call", "out", "reader", "started", "deadline", "reused", "resent", "events")
 
-    def __init__(self):
+    def __init__(self) -> None:
         # The socket (an ssl.SSLSocket after the handshake) and the call it carries are there whenever the
         # state says so: every method below runs only in a state that has them.
         self.sock: Any = None
@@ -52,7 +52,7 @@ class _Conn:
 
 
 class LoopHTTP:
-    def __init__(self, api: SpooledAPI, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4):
+    def __init__(self, api: Endpoint, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4):
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -72,7 +72,7 @@ class LoopHTTP:
             self._resolve()
 
     # ------------------------------------------------------------- interface
-    def submit(self, tag, call: Call, first: bool = False) -> None:
+    def submit(self, tag: Any, call: Call, first: bool = False) -> None:
         """Queue a call (`first` puts it ahead of the others) and send it now if a connection is free."""
         now = time.monotonic()
         item = (tag, call, now + self.api.timeout)
@@ -133,7 +133,7 @@ class LoopHTTP:
             conn.tag, conn.call, conn.started, conn.deadline = tag, call, now, deadline
             self._connect(conn)
 
-    def _start(self, conn: _Conn, tag, call: Call, now: float, deadline: float) -> None:
+    def _start(self, conn: _Conn, tag: Any, call: Call, now: float, deadline: float) -> None:
         conn.tag, conn.call, conn.started, conn.deadline = tag, call, now, deadline
         conn.reused, conn.resent = True, False
         self._send_request(conn)
@@ -161,7 +161,7 @@ class LoopHTTP:
             return
         self._resolving = True
 
-        def work():
+        def work() -> None:
             self._resolve()
             self._resolving = False
             try:
@@ -294,7 +294,7 @@ class LoopHTTP:
         del chunk
         self._close(conn)
 
-    def _answered(self, conn: _Conn, response, eof: bool) -> None:
+    def _answered(self, conn: _Conn, response: Response, eof: bool) -> None:
         tag, call, started = conn.tag, conn.call, conn.started
         conn.tag = conn.call = None
         if response.close or eof or self._more_after_answer(conn):
@@ -302,7 +302,7 @@ class LoopHTTP:
         else:
             conn.state = "idle"
         try:
-            result, error = self.api.result(call, response), None
+            result, error = decode(call, response), None
         except ApiError as exc:
             result, error = None, exc
         except Exception as exc:  # a 2xx the client cannot read (e.g. not the JSON shape expected)
@@ -327,7 +327,8 @@ class LoopHTTP:
             self.addrs = None
 
     # --------------------------------------------------------------- endings
-    def _result(self, tag, call: Call, started: float, result=None, error=None, status: int = 0) -> None:
+    def _result(self, tag: Any, call: Call, started: float, result: Any = None, error: ApiError | None = None,
+                status: int = 0) -> None:
         self.results.append((tag, result, error))
         if self.api.on_request is not None:
             self.api.on_request(call.route, status, time.monotonic() - started)

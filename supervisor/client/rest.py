@@ -28,144 +28,43 @@ only, never a requests exception or the request it holds), a repr or a log line.
 
 from __future__ import annotations
 
+import selectors
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
 from supervisor import __version__, exactjson
+from supervisor.client.calls import (
+    AlreadyFinished,
+    ApiError,
+    Call,
+    Conflict,
+    LeaseLost,
+    QuotaExceeded,
+    RateLimited,
+    Rejected,
+    Secret,
+    Unauthorized,
+    Unavailable,
+    classify,
+    decode,
+    network_error,
+)
+from supervisor.client.httpconn import Response
+from supervisor.client.loophttp import LoopHTTP
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
-
-class ApiError(Exception):
-    """An answer other than 2xx, or no answer at all (status 0)."""
-
-    retryable = False
-
-    def __init__(self, status: int, code: str, message: str, body: dict | None = None,
-                 retry_after: float | None = None):
-        super().__init__(f"{status} {code}: {message}" if status else f"{code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.body = body or {}
-        self.retry_after = retry_after
-
-
-class Unavailable(ApiError):
-    """Connection refused or reset, a timeout, a cut-off answer, 408 or 5xx: worth retrying."""
-
-    retryable = True
-
-
-class RateLimited(ApiError):
-    """429 RATE_LIMIT_EXCEEDED: retry after `retry_after` seconds."""
-
-    retryable = True
-
-
-class QuotaExceeded(ApiError):
-    """429 QUOTA_EXCEEDED: a plan limit (e.g. the worker cap)."""
-
-
-class Unauthorized(ApiError):
-    """401: the key is wrong, revoked or expired."""
-
-
-class Conflict(ApiError):
-    """409 on a worker route, e.g. a worker id owned by another organization."""
-
-
-class LeaseLost(ApiError):
-    """409 LEASE_EXPIRED or 404 on a job route: this worker no longer holds the job."""
-
-
-class AlreadyFinished(ApiError):
-    """409 CONFLICT 'Job is already <status>' on a job route."""
-
-
-class Rejected(ApiError):
-    """Another 4xx: the request itself was refused (400, 403, 413, 422 ...)."""
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A string that never shows itself in repr, str or a traceback."""
-
-    value: str
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-
-class _Headers(dict):
-    """Lower-cased response headers that answer case-insensitive lookups."""
-
-    def get(self, key, default=None):
-        return super().get(key.lower(), default)
-
-
-def _retry_after(headers) -> float | None:
-    value = headers.get("Retry-After") if headers else None
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
-
-
-def classify(status: int, body: dict, headers=None, job_route: bool = False) -> ApiError:
-    """Turn a non-2xx answer into the typed error the parent acts on."""
-    code = str(body.get("code") or body.get("error") or status)
-    message = str(body.get("message") or body.get("error") or "")
-    if status == 401:
-        return Unauthorized(status, code, message, body)
-    if status == 429:
-        if code == "QUOTA_EXCEEDED" or body.get("error") == "limit_exceeded":
-            return QuotaExceeded(status, code, message, body)
-        return RateLimited(status, code, message, body, _retry_after(headers) or body.get("retry_after_secs"))
-    if status == 408 or status >= 500:
-        return Unavailable(status, code, message, body, _retry_after(headers))
-    if job_route and (status == 404 or (status == 409 and code.upper() == "LEASE_EXPIRED")):
-        return LeaseLost(status, code, message, body)
-    if job_route and status == 409:
-        return AlreadyFinished(status, code, message, body)
-    if status == 409:
-        return Conflict(status, code, message, body)
-    return Rejected(status, code, message, body)
-
-
-@dataclass
-class Call:
-    """One API request, ready to send on any connection; `answer` turns the reply into a result."""
-
-    method: str
-    path: str
-    body: bytes
-    route: str
-    job_route: bool = False
-    resend_on_stale: bool = True
-    answer: Callable | None = None
-    retry_safe: bool = False  # sending it twice does no harm: the blocking path may retry it
-
-    @property
-    def idempotent(self) -> bool:
-        return self.method == "GET" or self.retry_safe
-
-
-def network_error(exc: BaseException, base_url: str) -> Unavailable:
-    kind = "TIMEOUT" if isinstance(exc, TimeoutError) else "NETWORK_ERROR"
-    return Unavailable(0, kind, f"{type(exc).__name__} talking to {base_url}: {exc}")
+# The shared call and error types, here too for the many callers that know them as rest.X.
+__all__ = ["USER_AGENT", "AlreadyFinished", "ApiError", "Call", "Conflict", "LeaseLost", "QuotaExceeded", "RateLimited",
+           "Rejected", "Secret", "SpooledAPI", "Unauthorized", "Unavailable", "classify", "network_error"]
 
 
 class SpooledAPI:
-    """Builds `Call`s for every route and runs them: `execute` blocks (requests, see the module's docstring);
-    the parent loop sends the same calls on non-blocking sockets instead (supervisor.client.loophttp)."""
+    """The REST `Transport` (supervisor.client.transport): builds `Call`s for every route and runs them.
+    `execute` blocks (requests, see the module's docstring); the parent loop sends the same calls on
+    non-blocking sockets instead (`loop_client`: supervisor.client.loophttp)."""
 
     def __init__(self, base_url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
                  on_request: Callable[[str, int, float], None] | None = None, attempts: int = 1):
@@ -191,27 +90,17 @@ class SpooledAPI:
     def __repr__(self) -> str:
         return f"SpooledAPI({self.base_url!r})"
 
-    def call(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
+    def call(self, method: str, path: str, body: Any = None, route: str | None = None, job_route: bool = False,
              resend_on_stale: bool = True, answer: Callable | None = None, retry_safe: bool = False) -> Call:
         data = b"" if body is None else (body if isinstance(body, bytes) else exactjson.dumps(body))
         return Call(method, self.prefix + path, data, route or path, job_route, resend_on_stale, answer, retry_safe)
 
-    def result(self, call: Call, response) -> object:
-        """The decoded answer of a 2xx reply (through `call.answer`), or raise the typed ApiError.
-        Integers of any size in the answer come back exact."""
-        payload = None
-        if response.body:
-            try:
-                payload = exactjson.loads(response.body)
-            except ValueError:
-                payload = {"message": response.body[:200].decode("utf-8", "replace")}
-        if 200 <= response.status < 300:
-            return call.answer(payload) if call.answer else payload
-        raise classify(response.status, payload if isinstance(payload, dict) else {}, _Headers(response.headers),
-                       call.job_route)
+    def result(self, call: Call, response: Response) -> Any:
+        """The decoded answer of a 2xx reply, or raise the typed ApiError (see calls.decode)."""
+        return decode(call, response)
 
     # ------------------------------------------------------------ blocking transport
-    def execute(self, call: Call, timeout: float | None = None):
+    def execute(self, call: Call, timeout: float | None = None) -> Any:
         """Send `call` and return its result; raise ApiError otherwise (see the module's docstring).
         Without `timeout`: the shared session, the API timeout, idempotent calls retried. With `timeout`:
         one attempt on a fresh connection, over within `timeout` seconds."""
@@ -221,13 +110,17 @@ class SpooledAPI:
             self._blocking = BlockingTransport(self, self._key)
         return self._blocking.execute(call, timeout)
 
+    def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4) -> LoopHTTP:
+        """The parent loop's transport for these calls (see supervisor.client.transport)."""
+        return LoopHTTP(self, sel, wake_fd, max_connections=max_connections)
+
     def close(self) -> None:
         """Close the blocking path's kept-alive connections."""
         if self._blocking is not None:
             self._blocking.close()
 
-    def request(self, method: str, path: str, body=None, route: str | None = None, job_route: bool = False,
-                resend_on_stale: bool = True, retry_safe: bool = False):
+    def request(self, method: str, path: str, body: Any = None, route: str | None = None, job_route: bool = False,
+                resend_on_stale: bool = True, retry_safe: bool = False) -> Any:
         return self.execute(self.call(method, path, body, route, job_route, resend_on_stale, retry_safe=retry_safe))
 
     # -- worker routes --
@@ -269,7 +162,7 @@ class SpooledAPI:
     def claim(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> list[dict]:
         return self.execute(self.claim_call(queue, worker_id, limit, lease_secs))
 
-    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result) -> Call:
+    def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> Call:
         body = {"worker_id": worker_id, "lease_id": lease_id}
         if result is not None:
             body["result"] = result
@@ -290,15 +183,15 @@ class SpooledAPI:
         return self.call("GET", f"/api/v1/queues/{quote(queue, safe='')}/stats", None, route="queue_stats",
                          retry_safe=True)
 
-    def bulk_create(self, queue: str, payloads: list, **defaults) -> dict:
+    def bulk_create(self, queue: str, payloads: list, **defaults: Any) -> dict:
         body = {"queue_name": queue, "jobs": [{"payload": p} for p in payloads],
                 **{k: v for k, v in defaults.items() if v is not None}}
         return self.request("POST", "/api/v1/jobs/bulk", body, route="bulk_create", resend_on_stale=False)
 
-    def get(self, path: str):
+    def get(self, path: str) -> Any:
         return self.request("GET", path, None, route="get")
 
-    def create_job(self, queue: str, payload, **fields) -> dict:
+    def create_job(self, queue: str, payload: Any, **fields: Any) -> dict:
         body = {"queue_name": queue, "payload": payload, **{k: v for k, v in fields.items() if v is not None}}
         keyed = fields.get("idempotency_key") is not None
         return self.request("POST", "/api/v1/jobs", body, route="create_job", resend_on_stale=keyed, retry_safe=keyed)

@@ -18,6 +18,7 @@ import orjson
 from supervisor import exitcodes
 from supervisor.child.forkservers import start_forkserver
 from supervisor.client.rest import RateLimited, SpooledAPI
+from supervisor.client.transport import Transport
 from supervisor.config import Config, ConfigError, load_config, parse_queues
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
@@ -66,11 +67,7 @@ def main(argv: list[str]) -> int:
     set_group_grace(cfg.kill_grace)
     start_forkserver(cfg.handler if cfg.preload else None)  # with the key and the notify socket out of the
     # environment, before any thread; with --preload it imports the handler's module (the parent never does)
-    if cfg.transport == "grpc":  # imported only now: children (from the forkserver) never import grpc
-        from supervisor.client.grpc_transport import make_api
-
-        client = make_api(cfg, on_request=hooks.api_request)  # type: ignore[assignment]  # builds the same calls
-    arbiter = Arbiter(cfg, client, hooks)
+    arbiter = Arbiter(cfg, choose_transport(cfg, client, hooks), hooks)
     try:
         hooks.start(arbiter.snapshot, arbiter.ask_drain)
     except OSError as exc:
@@ -81,6 +78,16 @@ def main(argv: list[str]) -> int:
     finally:
         orphans.kill_adopted(grace=cfg.kill_grace)
         hooks.stop()
+
+
+def choose_transport(cfg: Config, rest: SpooledAPI, hooks: DaemonHooks) -> Transport:
+    """The one place --transport is read: `rest` itself, or the gRPC API (with `rest`'s URL as its fallback).
+    Called after the forkserver started: children never import grpc."""
+    if cfg.transport == "grpc":
+        from supervisor.client.grpc_transport import make_api
+
+        return make_api(cfg, on_request=hooks.api_request)
+    return rest
 
 
 def worker_id_in_use(client: SpooledAPI, cfg: Config, own: dict, sleep: Callable[[float], None] = time.sleep,

@@ -10,6 +10,6 @@ Modules, one concern each:
   store    -- every SQL statement and transaction (SQLite, WAL)
   sweeps   -- background lease recovery and stale-worker reaper
   faults   -- fault injection and per-org rate limiting
-  grpc_server -- Spooled's gRPC API (--grpc-port) over the same store; stubs in grpc_gen/
+  grpc_server -- Spooled's gRPC API (--grpc-port) over the same store; stubs in supervisor.proto
   devtools -- dev-only routes: lose a lease on demand, the request log
 """

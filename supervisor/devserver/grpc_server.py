@@ -24,9 +24,10 @@ import grpc
 import orjson
 from google.protobuf import json_format, struct_pb2
 
+from supervisor.proto import spooled_pb2 as pb
+from supervisor.proto import spooled_pb2_grpc as pb_grpc
+
 from .errors import HttpError
-from .grpc_gen import spooled_pb2 as pb
-from .grpc_gen import spooled_pb2_grpc as pb_grpc
 from .store import Store, dumps
 from .validate import check_hostname, check_queue_name, check_worker_id
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from supervisor.child.main import set_title
 from supervisor.config import Config
 from supervisor.ops.deletion_cost import PodAnnotator, deletion_cost
 from supervisor.ops.health import HealthServer
 from supervisor.ops.metrics import DaemonMetrics
 from supervisor.ops.notify import Notifier
-from supervisor.parent.events import NullHooks
+from supervisor.ops.nullhooks import NullHooks
+from supervisor.ops.title import set_title
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while reloading or draining

@@ -27,13 +27,13 @@ import psutil
 
 from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
-from supervisor.client.loophttp import LoopHTTP
+from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,
@@ -83,7 +83,7 @@ class Phase(enum.Enum):
 
 
 class Arbiter:
-    def __init__(self, cfg: Config, client: api.SpooledAPI, hooks: NullHooks | None = None,
+    def __init__(self, cfg: Config, client: Transport, hooks: NullHooks | None = None,
                  memory: MemorySource | None = None):
         self.cfg = cfg
         self.api = client
@@ -107,8 +107,7 @@ class Arbiter:
         # Completes, claims and renewals overlap on kept-alive connections: with 50 ms answers, each
         # connection carries at most 20 requests/s, and 5 ms jobs on one child want 200 a second, so the
         # pool may grow to 8 connections a child (opened only while calls wait for one).
-        self.http = (client.loop_client(self.sel, self.wake_w) if cfg.transport == "grpc" else  # type: ignore[attr-defined]
-                     LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs)))
+        self.http = client.loop_client(self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
         self.memory = memory if memory is not None else MemorySource.detect()
         self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))

@@ -25,10 +25,11 @@ from logging import DEBUG, ERROR, INFO, WARNING
 from supervisor import exitcodes
 from supervisor.backoff import backoff
 from supervisor.client import rest as api
+from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.childproc import Child
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import (
     ChildLost,
     Fact,
@@ -118,7 +119,7 @@ class QueueIntake:
 
 
 class JobFlow:
-    def __init__(self, cfg: Config, client: api.SpooledAPI, submit: Submit, hooks: NullHooks):
+    def __init__(self, cfg: Config, client: Transport, submit: Submit, hooks: NullHooks):
         self.cfg = cfg
         self.api = client  # builds the calls
         self.submit = submit  # the arbiter's HTTP client

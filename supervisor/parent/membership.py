@@ -24,6 +24,7 @@ from logging import ERROR, INFO, WARNING
 from supervisor import __version__, exitcodes
 from supervisor.backoff import backoff
 from supervisor.client import rest as api
+from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
@@ -33,7 +34,7 @@ log = logging.getLogger("supervisor")
 
 
 class Membership:
-    def __init__(self, cfg: Config, client: api.SpooledAPI, submit: Submit):
+    def __init__(self, cfg: Config, client: Transport, submit: Submit):
         self.cfg = cfg
         self.api = client  # builds the calls
         self.submit = submit  # the arbiter's HTTP client

@@ -20,9 +20,9 @@ from supervisor.child.forkservers import ready, renew_forkserver, retire_forkser
 from supervisor.config import Config
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.ops.procmem import TreeMemory, tree_memory
 from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
-from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobStarted
 
 log = logging.getLogger("supervisor")

@@ -1,7 +1,7 @@
-"""Regenerate the committed gRPC stubs from supervisor/proto/spooled.proto.
+"""Regenerate the committed gRPC stubs beside it from supervisor/proto/spooled.proto.
 
-    python -m supervisor.devserver.grpc_gen.regenerate          # rewrite the stubs
-    python -m supervisor.devserver.grpc_gen.regenerate --check  # exit 1 if they are stale
+    python -m supervisor.proto.regenerate          # rewrite the stubs
+    python -m supervisor.proto.regenerate --check  # exit 1 if they are stale
 
 Needs grpcio-tools (the `grpc` extra's build half). The proto is compiled under the file name
 `spooled.proto`, as the SDK's was, so both descriptor sets are byte-identical and load side by side.
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROTO = HERE.parent.parent / "proto" / "spooled.proto"
+PROTO = HERE / "spooled.proto"
 OUTPUTS = ("spooled_pb2.py", "spooled_pb2.pyi", "spooled_pb2_grpc.py")
 
 
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     stale = [name for name, text in texts.items() if not (HERE / name).is_file() or (HERE / name).read_text() != text]
     if "--check" in argv:
         if stale:
-            print("stale gRPC stubs: " + ", ".join(stale) + "; run python -m supervisor.devserver.grpc_gen.regenerate")
+            print("stale gRPC stubs: " + ", ".join(stale) + "; run python -m supervisor.proto.regenerate")
             return 1
         return 0
     for name in stale:
