@@ -149,12 +149,25 @@ def _owned_processes(monkeypatch, _cores):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _shared_helpers() -> set[int]:
+    """This process's own multiprocessing helpers (resource tracker, forkserver): started by whichever test
+    first needed one, they serve every test after it."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    pids = {getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+            getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)}
+    return {pid for pid in pids if pid}
+
+
 def owned_pids(owner: str) -> list[int]:
-    """Pids of the live processes whose environment carries OWNER_VARIABLE=owner (this process excluded)."""
+    """Pids of the live processes whose environment carries OWNER_VARIABLE=owner (this process and its shared
+    multiprocessing helpers excluded)."""
     needle = f"{OWNER_VARIABLE}={owner}".encode()
+    spared = {os.getpid(), *_shared_helpers()}
     pids = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
+        if not name.isdigit() or int(name) in spared:
             continue
         try:
             with open(f"/proc/{name}/environ", "rb") as f:
