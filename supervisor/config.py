@@ -56,6 +56,7 @@ class Config:
     lease: int = 30
     drain_timeout: float = 25.0
     poll_interval: float = 5.0
+    wake: str = "events"  # "events": listen to the API's events stream while idle; "poll": poll only
     max_jobs_per_child: int = 0
     max_memory_per_child_mb: int = 0
     kill_grace: float = 3.0
@@ -252,6 +253,9 @@ OPTIONS: tuple[Option, ...] = (
            "after SIGTERM; default 25", "S"),
     Option("--poll-interval", "SPOOLED_POLL_INTERVAL", number(0.05, 300), 5.0, "longest wait between claims on "
            "an empty queue, 0.05-300; back-off starts at 50 ms; default 5", "S"),
+    Option("--wake", "SPOOLED_WAKE", choice("events", "poll"), "events", "how an idle daemon learns of new "
+           "jobs: events = the API's events stream, polling an empty queue only every 15 s (falls back to poll "
+           "where the server has no stream); poll = claim on the --poll-interval back-off; default events", "HOW"),
     Option("--max-jobs-per-child", "SPOOLED_MAX_JOBS_PER_CHILD", whole(0), 0, "replace a child after about this "
            "many jobs, with up to 10%% jitter; 0 = never", "N"),
     Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0), 0, "replace a child whose RSS "
@@ -432,5 +436,5 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
-        procs_source=procs_source, share_api_key=values["share_api_key"],
+        procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
     )

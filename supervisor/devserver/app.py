@@ -19,6 +19,7 @@ from . import devtools
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
+from .realtime import Broadcaster
 from .transport import Limits, Request, Server
 
 __all__ = ["App", "ServerConfig", "Limits", "Request", "Router", "Server", "make_server", "serve_in_thread"]
@@ -55,6 +56,9 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/fail", h.fail, API),
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
+    ("GET", "/api/v1/events", h.sse_events, API),
+    ("GET", "/_dev/events", h.event_streams, DEV),
+    ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
     ("GET", "/api/v1/queues", h.list_queues, API),
     ("GET", "/api/v1/queues/{name}", h.get_queue, API),
     ("DELETE", "/api/v1/queues/{name}", h.delete_queue, API),
@@ -137,6 +141,7 @@ class ServerConfig:
     max_workers: int | None = None
     max_payload_bytes: int = 1048576
     max_body_bytes: int = 2 * 1024 * 1024
+    events: bool = True  # serve GET /api/v1/events
 
 
 class App:
@@ -147,6 +152,7 @@ class App:
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
         self.requests = devtools.RequestLog()  # GET /_dev/requests
+        self.events = Broadcaster()  # GET /api/v1/events
 
     def authenticate(self, headers) -> str:
         auth = headers.get("authorization")

@@ -52,6 +52,12 @@ def _frac(text: str) -> float:
     return v
 
 
+def _on_off(text: str) -> str:
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError("must be on or off")
+    return text
+
+
 def _nonneg_int(text: str) -> int:
     v = int(text)
     if v < 0:
@@ -107,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-payload-bytes", _pos_int, 1048576, "max serialised job payload; over it 400 VALIDATION_ERROR")
     add("--max-body-bytes", _pos_int, 2 * 1024 * 1024, "max request body; over it 400 INVALID_JSON")
     add("--max-header-bytes", _pos_int, 16384, "max request line + headers; over it 414 / 431")
+    add("--events", _on_off, "on", "serve GET /api/v1/events, the server-sent events stream (off: 404, as a "
+        "server without it)")
     add("--max-connections", _pos_int, 1024, "open connections; beyond, a new one gets 503 and is closed")
     add("--request-timeout", _pos_float, 5.0, "seconds a request may take to arrive after its first byte; "
         "then 408 and close")
@@ -119,13 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def start_grpc(store, cfg, faults, limiter, host: str, port: int):
+def start_grpc(store, cfg, faults, limiter, host: str, port: int, events=None):
     """The gRPC server, imported only when asked for (grpcio is the optional `grpc` extra)."""
     try:
         from .grpc_server import make_grpc_server
     except ImportError as e:
         raise ImportError(f"{e}; install it with: pip install 'spooled-supervisor[grpc]'") from None
-    return make_grpc_server(store, cfg, faults, limiter, host, port)
+    return make_grpc_server(store, cfg, faults, limiter, host, port, events=events)
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, str] | None:
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     store, key = opened
     cfg = ServerConfig(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
                        max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,
-                       max_body_bytes=args.max_body_bytes)
+                       max_body_bytes=args.max_body_bytes, events=args.events == "on")
     faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)
     limiter = RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None
     app = App(store, cfg, faults, limiter)
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server, grpc_port = None, None
     if args.grpc_port is not None:
         try:
-            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port)
+            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port, app.events)
         except (ImportError, OSError) as e:
             print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
             server.server_close()

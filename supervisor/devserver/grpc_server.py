@@ -139,8 +139,9 @@ def _settlement_ids(req) -> None:
 class Backend:
     """The operations both services share: auth, limits, faults, and one method per RPC body."""
 
-    def __init__(self, store: Store, cfg, faults, limiter=None):
+    def __init__(self, store: Store, cfg, faults, limiter=None, events=None):
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
+        self.events = events  # the REST app's realtime.Broadcaster: jobs enqueued here are announced there too
 
     def authenticate(self, context) -> str:
         md = {k.lower(): v for k, v in context.invocation_metadata()}
@@ -184,6 +185,8 @@ class Backend:
              "scheduled_at": req.scheduled_at.ToNanoseconds() / 1e9 if req.HasField("scheduled_at") else None,
              "idempotency_key": req.idempotency_key or None, "tags": dumps(dict(req.tags)) if req.tags else None}
         jid, created = self.store.create_job(org, j)
+        if created and self.events is not None:
+            self.events.job_created(org, jid, req.queue_name, req.priority)
         return pb.EnqueueResponse(job_id=jid, created=created)
 
     def claim(self, org: str, queue: str, worker_id: str, lease: int, limit: int) -> list[pb.Job]:
@@ -395,11 +398,11 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
 
 def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int,
-                     max_streams: int = 256) -> tuple[grpc.Server, int]:
+                     max_streams: int = 256, events=None) -> tuple[grpc.Server, int]:
     """A started gRPC server on host:port (0 = a free port); returns it and the port it got.
 
     Every open stream holds one thread: at most `max_streams` RPCs run at once (others wait)."""
-    backend = Backend(store, cfg, faults, limiter)
+    backend = Backend(store, cfg, faults, limiter, events)
     server = grpc.server(ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc"),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                   ("grpc.max_send_message_length", MAX_MESSAGE),

@@ -11,6 +11,7 @@ from typing import Any
 from supervisor import exactjson
 
 from .errors import HttpError, invalid_json, validation
+from .realtime import EventStream
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
 
@@ -190,7 +191,10 @@ def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
 def create_job(app, req):
     b = body(req)
     queue = b.queue_name()
-    jid, created = app.store.create_job(req.org, _job_fields(app, b, queue))
+    fields = _job_fields(app, b, queue)
+    jid, created = app.store.create_job(req.org, fields)
+    if created:
+        app.events.job_created(req.org, jid, queue, fields.get("priority") or 0)
     return (201 if created else 200), {"id": jid, "created": created}, None
 
 
@@ -207,7 +211,41 @@ def bulk_create(app, req):
             items.append((i, _job_fields(app, Body(raw), queue, defaults)))
         except HttpError as e:
             items.append((i, e))
-    return 200, app.store.bulk_create(req.org, items), None
+    answer = app.store.bulk_create(req.org, items)
+    for done in answer["succeeded"]:
+        if done["created"]:
+            fields = items[done["index"]][1]
+            priority = fields.get("priority") if isinstance(fields, dict) else None
+            app.events.job_created(req.org, done["job_id"], queue, priority or 0)
+    return 200, answer, None
+
+
+def sse_events(app, req):
+    """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
+    `queue` must be a valid queue name (400), `events` a comma-separated list of event names to keep."""
+    if not app.cfg.events:
+        raise HttpError(404, "NOT_FOUND", "No route matches this path")
+    if app.events.refusing():
+        raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
+    queue = req.query.get("queue", [None])[0]
+    if queue is not None:
+        check_queue_name(queue, "queue")
+    names = req.query.get("events", [None])[0]
+    wanted = {n.strip().lower() for n in names.split(",") if n.strip()} if names else None
+    return 200, EventStream(app.events, app.events.subscribe(req.org, queue, wanted)), None
+
+
+def event_streams(app, req):
+    """GET /_dev/events: how many event streams are open, and how many events were published."""
+    return 200, {"streams": app.events.count(), "published": app.events.published}, None
+
+
+def drop_event_streams(app, req):
+    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end every open event stream (clients see
+    their connection close), and answer new ones 503 for `refuse_secs` seconds (default 0)."""
+    b = body(req, optional=True)
+    refuse = b.int("refuse_secs", False, 0, 3600, default=0)
+    return 200, {"dropped": app.events.drop_all(refuse or 0)}, None
 
 
 def claim(app, req):

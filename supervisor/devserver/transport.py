@@ -117,6 +117,21 @@ def render(status: int, body, headers: dict, close: bool, head_only: bool = Fals
     return head, (b"" if head_only else payload)
 
 
+class Streamed:
+    """A handler's answer body written over time by `pump(send, gone)` on the answering thread: `send(bytes)`
+    writes one chunk's bytes (False once the client is gone or too slow), `gone()` says the client left or
+    the server stops. The answer is chunked and its connection closes when `pump` returns."""
+
+    def pump(self, send: Callable[[bytes], bool], gone: Callable[[], bool]) -> None:
+        raise NotImplementedError
+
+
+def stream_head(status: int, headers: dict) -> bytes:
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", "Content-Type: text/event-stream",
+             "Cache-Control: no-cache", "Transfer-Encoding: chunked", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 def error_bytes(e: HttpError) -> bytes:
     head, payload = render(e.status, e.body, e.headers, close=True)
     return head + payload
@@ -545,7 +560,10 @@ class Server:
             req, data, close = item
             cut = False
             if req is not None:
-                data, close, cut = self._respond(req, close)
+                data, close, cut, stream = self._respond(req, close)
+                if stream is not None:
+                    self._stream(conn, data, stream)
+                    return
             ok = send_all(conn.sock, data, time.monotonic() + WRITE_TIMEOUT)
             conn.last_done = time.monotonic()
             keep_until = conn.last_done + KEEP_SOCKET
@@ -590,17 +608,48 @@ class Server:
         except OSError:
             pass
 
-    def _respond(self, req: Request, close: bool) -> tuple[bytes, bool, bool]:
-        """(answer bytes, close after?, cut?) for one request."""
+    def _respond(self, req: Request, close: bool) -> tuple[bytes, bool, bool, Streamed | None]:
+        """(answer bytes, close after?, cut?, None) for one request; for a streamed answer (head bytes, True,
+        False, its body)."""
         try:
             status, body, headers, cut = self.serve(req)
+            if isinstance(body, Streamed):
+                return stream_head(status, headers), True, False, body
             head, payload = render(status, body, headers, close or cut, req.method == "HEAD")
         except Exception as e:  # never leak a stack trace to the client
             print(f"warning: internal error on {req.method} {req.path}: {e!r}", file=sys.stderr, flush=True)
-            return error_bytes(http_error(500, "An internal error occurred")), True, False
+            return error_bytes(http_error(500, "An internal error occurred")), True, False, None
         if cut:  # injected fault: the headers and half the body, then the socket closes
-            return head + payload[: len(payload) // 2], True, True
-        return head + payload, close, False
+            return head + payload[: len(payload) // 2], True, True, None
+        return head + payload, close, False, None
+
+    def _stream(self, conn: _Conn, head: bytes, body: Streamed) -> None:
+        """Write a streamed answer (chunked) on this thread until it ends or the client goes; then close."""
+        poller = select.poll()
+        poller.register(conn.fd, select.POLLIN)
+
+        def send(data: bytes) -> bool:
+            return send_all(conn.sock, data, time.monotonic() + WRITE_TIMEOUT)
+
+        def gone() -> bool:
+            if conn.peer_closed or conn.closing or self._stop.is_set():
+                return True
+            if conn.owned and poller.poll(0):  # this thread reads the socket: bytes or the end
+                try:
+                    return not conn.sock.recv(RECV_SIZE)
+                except (BlockingIOError, InterruptedError):
+                    return False
+                except OSError:
+                    return True
+            return False
+
+        if send(head):
+            body.pump(send, gone)
+            send(b"0\r\n\r\n")
+        else:
+            body.pump(send, lambda: True)  # ends at once, releasing what the body holds
+        conn.last_done = time.monotonic()
+        self._finish(conn, socket.SHUT_WR)
 
     def _finish(self, conn: _Conn, how: int) -> None:
         """Stop answering; shut the socket (`how`); the loop drains it and closes it (sweep or EOF)."""

@@ -41,6 +41,7 @@ from supervisor.parent.facts import (
     Fact,
     Fatal,
     Followup,
+    Heard,
     JobDone,
     Registered,
     StopJob,
@@ -50,6 +51,7 @@ from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
+from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
 
@@ -102,6 +104,7 @@ class Arbiter:
         self.pool = ChildPool(cfg, self.sel, self.hooks)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
+        self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
         self._ps_self = psutil.Process()
@@ -139,6 +142,7 @@ class Arbiter:
         finally:
             self.pool.shutdown()
             signal.set_wakeup_fd(-1)
+            self.listener.close()
             self.http.close()
         return self.exit_code
 
@@ -164,6 +168,7 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
+        self.hear(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
@@ -196,6 +201,8 @@ class Arbiter:
             self.reap(obj, time.monotonic())
         elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
+        elif source == "events":
+            self.hear(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
@@ -204,7 +211,7 @@ class Arbiter:
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
         times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
-                 self.pacer.next_deadline(now)]
+                 self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
         if self.http.results:
@@ -262,6 +269,14 @@ class Arbiter:
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
             elif isinstance(fact, DrainAsked):
                 self.begin_drain(now, exitcodes.OK)
+
+    def hear(self, news: list[Heard | Fatal], now: float) -> None:
+        """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
+        for fact in news:
+            if isinstance(fact, Fatal):
+                self.fatal(fact, now)
+            else:
+                self.jobs.heard(fact, now)
 
     def reap(self, child, now: float) -> None:
         try:
@@ -508,5 +523,7 @@ class Arbiter:
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
             "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
             "reserve_wait_ms": self.jobs.reserve_wait_ms(),
+            "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
+                     "jobs_announced": self.listener.wake.created_seen},
             "children": sorted(children, key=lambda c: c["slot"]),
         }

@@ -82,7 +82,22 @@ class DrainAsked:
     """The API asked this worker to drain (a heartbeat answer's `should_drain`)."""
 
 
+@dataclass(frozen=True)
+class WorkCreated:
+    """The events stream announced a job on `queue` (None: on some queue of ours): claim there now."""
+
+    queue: str | None
+
+
+@dataclass(frozen=True)
+class Listening:
+    """The events stream went live (`live`) or down: re-check every queue, and poll slowly only while live."""
+
+    live: bool
+
+
 Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked
+Heard = WorkCreated | Listening  # what the events stream tells the job flow
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ Claiming (supervisor.parent.intake decides how many): one claim on the wire at a
 children that are idle or will be within about two claim round trips, plus a batch when jobs are
 short or requests are scarce. Queues are served in strict priority: a claim goes to the first queue
 that is not backing off after coming back empty (or short); a queue that just gave a job is asked
-again as soon as a child frees up, an empty one on its back-off (50 ms doubling to --poll-interval).
+again as soon as a child frees up, an empty one on its back-off (50 ms doubling to --poll-interval), or,
+while the events stream is live (supervisor.parent.wake), when a job is announced there, else every 15 s.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, JobDone, StopJob, Submit
+from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, Heard, JobDone, Listening, StopJob, Submit
 from supervisor.parent.inflight import Entry, InFlight, Outcome
 from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
+from supervisor.parent.wake import SAFETY_POLL
 
 log = logging.getLogger("supervisor")
+
+RETRY_JITTER = 0.55  # seconds: the server adds up to 0.5 s to a retry's back-off
 
 
 class QueueIntake:
@@ -43,14 +47,39 @@ class QueueIntake:
         self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
+        self.hinted_at = -math.inf  # when the events stream last announced a job here
+        self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
 
-    def answered(self, asked: int, got: int, now: float, poll_interval: float) -> None:
+    def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
+                 sent_at: float = -math.inf) -> None:
+        """A claim sent at `sent_at` got `got` of `asked` jobs. Short: ask again at once if a job was
+        announced since it was sent; else, while the events stream is live, on the slow safety poll;
+        else on the back-off (50 ms doubling to `poll_interval`)."""
+        self.retries_due = [t for t in self.retries_due if t > sent_at]  # the claim looked after those
         if got < asked:
             self.empty_claims += 1
-            self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
+            if self.hinted_at >= sent_at:
+                self.next_claim_at = now
+            elif listening:
+                safety = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                self.next_claim_at = min([safety, *self.retries_due])
+            else:
+                self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
         else:
             self.empty_claims = 0
             self.next_claim_at = now
+
+    def hinted(self, now: float) -> None:
+        """The events stream announced a job here (or asks for a re-check): claim as soon as a child is free."""
+        self.hinted_at = now
+        self.next_claim_at = min(self.next_claim_at, now)
+
+    def retry_due(self, at: float) -> None:
+        """A job this daemon failed comes back to the queue at `at` (the server's retry back-off): nothing
+        announces that, so claim then rather than at the safety poll."""
+        self.retries_due.append(at)
+        if self.next_claim_at > at:
+            self.next_claim_at = at
 
     def gave_work(self, now: float, duration: float | None) -> None:
         """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
@@ -74,6 +103,7 @@ class JobFlow:
         self.claim_rtt = Ewma()  # claim round trip (s), measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
+        self.listening = False  # the events stream is live: empty queues are polled slowly
         self.starting = True  # waiting jobs go to idle children; False once stop_starting()
 
     # ------------------------------------------------------------ reading
@@ -235,8 +265,18 @@ class JobFlow:
             facts += self._take_claimed(job, sent_at, now)
             taken += 1
         self.hooks.claimed(taken)
-        intake.answered(asked, len(jobs), now, self.cfg.poll_interval)
+        intake.answered(asked, len(jobs), now, self.cfg.poll_interval, self.listening, sent_at)
         return facts
+
+    def heard(self, fact: Heard, now: float) -> None:
+        """News from the events stream. A job announced on a queue (None: some queue of ours): claim there
+        now. The stream went live or down: jobs may have been created unannounced, so re-check every
+        queue now; while it is live, an empty queue is polled only every SAFETY_POLL seconds."""
+        if isinstance(fact, Listening):
+            self.listening = fact.live
+        for intake in self.queues.values():
+            if isinstance(fact, Listening) or fact.queue is None or intake.name == fact.queue:
+                intake.hinted(now)
 
     def recover_claim(self, now: float) -> list[Fact]:
         self.claim_inflight = False
@@ -301,6 +341,7 @@ class JobFlow:
                 log_event(log, INFO, "job completed", **fields)
             else:
                 log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
+                self._expect_retry(entry, now)
             return []
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(entry.id)
@@ -327,6 +368,15 @@ class JobFlow:
                       retry_in=round(wait, 2), attempts=entry.report_attempts, **fields)
             self.inflight.report_answered(entry, retry_at=now + wait)
         return []
+
+    def _expect_retry(self, entry: Entry, now: float) -> None:
+        """A failed job with retries left is pending again after min(2^min(retry_count, 6), 60) s plus up
+        to 0.5 s of jitter (the server's fixed back-off): have its queue claimed then."""
+        retries, limit = entry.job.get("retry_count"), entry.job.get("max_retries")
+        intake = self.queues.get(entry.queue)
+        if intake is None or not isinstance(retries, int) or not isinstance(limit, int) or retries >= limit:
+            return
+        intake.retry_due(now + min(2 ** min(retries, 6), 60) + RETRY_JITTER)
 
     def recover_report(self, entry: Entry, now: float) -> list[Fact]:
         if self.inflight.holds(entry):

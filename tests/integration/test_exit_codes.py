@@ -16,7 +16,9 @@ from conftest import (
 def test_repeated_errors_in_the_main_loop_exit_1(dev_server):
     """A bug that fails every turn (here: the per-turn telemetry hook raising) is logged and retried for a
     hundred turns, then the daemon exits 1 (so systemd restarts it) and takes its children with it."""
-    d = Daemon(dev_server, "q-bug", procs=1, worker_id="w-bug")
+    # Polling every 0.2 s keeps the idle loop turning several times a second; listening for events it
+    # turns once a second, and a hundred failing turns would take longer than the test waits.
+    d = Daemon(dev_server, "q-bug", procs=1, worker_id="w-bug", args=["--wake", "poll"])
     code = ("import sys; import supervisor.ops.hooks as h; import supervisor.parent.arbiter as a\n"
             "def tick(self, now):\n    raise RuntimeError('injected bug in tick')\n"
             "h.DaemonHooks.tick = tick\n"

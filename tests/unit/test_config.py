@@ -27,6 +27,7 @@ BAD_VALUES = {
     "SPOOLED_LEASE": ("4", "between 5 and 3600"),
     "SPOOLED_DRAIN_TIMEOUT": ("-1", "0 or more"),
     "SPOOLED_POLL_INTERVAL": ("0.01", "between 0.05 and 300"),
+    "SPOOLED_WAKE": ("push", "events or poll"),
     "SPOOLED_MAX_JOBS_PER_CHILD": ("1.5", "whole number"),
     "SPOOLED_MAX_MEMORY_PER_CHILD": ("-5", "0 or more"),
     "SPOOLED_KILL_GRACE": ("nan", "0 or more"),
