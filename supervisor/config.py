@@ -59,6 +59,9 @@ class Config:
     wake: str = "events"  # "events": listen to the API's events stream while idle; "poll": poll only
     max_jobs_per_child: int = 0
     max_memory_per_child_mb: int = 0
+    preload: bool = False  # import the handler's module in the forkserver, shared by every child
+    memory_high: tuple[float, bool] = (85.0, True)  # (value, is a percent of the limit): pause claims above
+    memory_max: tuple[float, bool] = (95.0, True)  # above: shed the newest running job
     kill_grace: float = 3.0
     max_result_bytes: int = 1_900_000
     api_timeout: float = 10.0
@@ -164,6 +167,18 @@ def parse_handler(text: str) -> str:
     return text
 
 
+def parse_memory_level(text: str) -> tuple[float, bool]:
+    """`85%` (of the memory limit) or a number of MiB: (value, is a percent)."""
+    raw = text.strip()
+    try:
+        if raw.endswith("%"):
+            return number(1, 100)(raw[:-1]), True
+        return float(whole(1)(raw)), False
+    except ValueError:
+        raise ValueError("must be a percent of the memory limit between 1% and 100%, or a whole number of MiB") \
+            from None
+
+
 def parse_prefetch(text: str) -> int | None:
     if text.strip().lower() == "auto":
         return None
@@ -258,8 +273,17 @@ OPTIONS: tuple[Option, ...] = (
            "where the server has no stream); poll = claim on the --poll-interval back-off; default events", "HOW"),
     Option("--max-jobs-per-child", "SPOOLED_MAX_JOBS_PER_CHILD", whole(0), 0, "replace a child after about this "
            "many jobs, with up to 10%% jitter; 0 = never", "N"),
-    Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0), 0, "replace a child whose RSS "
-           "exceeds this after its job; stop it and fail the job if it keeps growing during one; 0 = no cap", "MB"),
+    Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0), 0, "cap in MiB on a child's "
+           "process tree (the child and every process it started; PSS, else RSS): over it for 3 samples during a "
+           "job, the job fails and the tree is stopped; over it after a job, the child is replaced; 0 = no cap", "MB"),
+    Option("--preload", "SPOOLED_PRELOAD", parse_bool, False, "import the handler's module once, before any child "
+           "is forked, so children share its memory; the variable takes 1/true/yes/on or 0/false/no/off",
+           switch=True),
+    Option("--memory-high", "SPOOLED_MEMORY_HIGH", parse_memory_level, (85.0, True), "above this much memory in "
+           "use (N%% of the cgroup's or host's limit, or N MiB), stop claiming and hand reserved jobs back; "
+           "default 85%%", "N%|MB"),
+    Option("--memory-max", "SPOOLED_MEMORY_MAX", parse_memory_level, (95.0, True), "above this, also stop the "
+           "newest running job (it fails with MemoryPressure and retries elsewhere); default 95%%", "N%|MB"),
     Option("--kill-grace", "SPOOLED_KILL_GRACE", number(0), 3.0, "seconds between SIGTERM and SIGKILL when "
            "stopping a child; default 3", "S"),
     Option("--max-result-bytes", "SPOOLED_MAX_RESULT_BYTES", whole(1024), 1_900_000, "largest JSON result sent "
@@ -408,6 +432,12 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'], PATH_MAX)} is not a readable file")
     if values["transport"] == "grpc":
         _require_grpc()
+    high, top = values["memory_high"], values["memory_max"]
+    if high[1] == top[1] and high[0] >= top[0]:
+        names = [sources[d] if sources[d] != "default" else OPTION_BY_DEST[d].flag
+                 for d in ("memory_high", "memory_max")]
+        shown = [f"{v:g}%" if pct else f"{v:g} MiB" for v, pct in (high, top)]
+        raise ConfigError(f"{names[0]} must be below {names[1]}, got {shown[0]} and {shown[1]}")
     k8s_pod = None
     if values["k8s_deletion_cost"]:
         try:
@@ -437,4 +467,5 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
+        preload=values["preload"], memory_high=high, memory_max=top,
     )

@@ -16,13 +16,14 @@ from urllib.parse import quote
 import orjson
 
 from supervisor import exitcodes
+from supervisor.child.forkservers import start_forkserver
 from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.config import Config, ConfigError, load_config, parse_queues
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
 from supervisor.parent import identity, orphans
 from supervisor.parent.arbiter import Arbiter
-from supervisor.parent.childproc import set_group_grace, shared_env, start_forkserver
+from supervisor.parent.childproc import set_group_grace, shared_env
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 log = logging.getLogger("supervisor")
@@ -63,7 +64,8 @@ def main(argv: list[str]) -> int:
         return exitcodes.WORKER_ID_IN_USE
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
-    start_forkserver()  # with the key and the notify socket out of the environment, before any thread
+    start_forkserver(cfg.handler if cfg.preload else None)  # with the key and the notify socket out of the
+    # environment, before any thread; with --preload it imports the handler's module (the parent never does)
     if cfg.transport == "grpc":  # imported only now: children (from the forkserver) never import grpc
         from supervisor.client.grpc_transport import make_api
 

@@ -92,9 +92,14 @@ def render(snap: dict) -> str:
         f"queue    {snap.get('queue', '?')}",
         f"state    {state}",
         f"busy     {snap.get('busy', 0)}/{snap.get('procs', 0)}",
-        "",
     ]
-    header = ("SLOT", "PID", "STATE", "JOB", "RUNTIME", "RSS MiB", "DONE", "RESTARTS")
+    memory = snap.get("memory") or {}
+    if memory.get("limit_bytes"):
+        lines.append(f"memory   {fmt_mib(memory.get('used_bytes'))} of {fmt_mib(memory['limit_bytes'])} MiB "
+                     f"({memory.get('source', '?')}), {memory.get('state', '?')}"
+                     + (", claims paused" if memory.get("paused") else ""))
+    lines.append("")
+    header = ("SLOT", "PID", "STATE", "JOB", "RUNTIME", "MEM MiB", "DONE", "RESTARTS")
     rows = [header]
     for child in sorted(snap.get("children") or [], key=lambda c: c.get("slot", 0)):
         rows.append((
@@ -103,7 +108,7 @@ def render(snap: dict) -> str:
             str(child.get("state", "?")),
             str(child.get("job_id") or "-"),
             fmt_runtime(child.get("job_runtime_secs")),
-            fmt_mib(child.get("rss_bytes")),
+            fmt_mib(child.get("memory_bytes", child.get("rss_bytes"))),  # the child's process tree
             str(child.get("jobs_done", 0)),
             str(child.get("restarts", 0)),
         ))

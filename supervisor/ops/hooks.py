@@ -54,6 +54,9 @@ class DaemonHooks(NullHooks):
     def child_restarted(self, reason):
         self.metrics.child_restarts.inc(reason=reason)
 
+    def child_oom_killed(self):
+        self.metrics.oom_kills.inc()
+
     def lease_renewed(self, outcome):
         self.metrics.lease_renewals.inc(outcome=outcome)
 
@@ -99,5 +102,6 @@ class DaemonHooks(NullHooks):
             self.metrics.busy_children.set(snap.get("busy", 0))
             self.metrics.reserved.set(snap.get("reserved", 0))
             self.metrics.api_silence.set(snap.get("api_silence_secs", 0.0))
+            self.metrics.memory(snap.get("memory") or {}, snap["children"])
             if self.annotator is not None:
                 self.annotator.offer(deletion_cost(snap))

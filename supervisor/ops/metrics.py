@@ -20,7 +20,9 @@ JOB_DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 API_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 JOB_OUTCOMES = ("completed", "failed", "timed_out", "lease_lost", "crashed")
-RESTART_REASONS = ("crashed", "timeout", "lease_lost", "max_jobs", "max_memory", "reload", "boot_failed", "resize")
+RESTART_REASONS = ("crashed", "timeout", "lease_lost", "max_jobs", "max_memory", "reload", "boot_failed", "resize",
+                   "memory_pressure")
+PRESSURE_STATES = ("ok", "high", "max")
 RENEWAL_OUTCOMES = ("ok", "lost", "error")
 
 
@@ -140,6 +142,11 @@ class Gauge(Counter):
         with self._lock:
             self._values[key] = value
 
+    def set_all(self, samples: dict[tuple, float]) -> None:
+        """Replace every sample at once (label-value tuples in declared order): series not given disappear."""
+        with self._lock:
+            self._values = dict(samples)
+
 
 class Histogram(Metric):
     """Observations counted into cumulative `le` buckets, plus `_sum` and `_count`."""
@@ -246,6 +253,16 @@ class DaemonMetrics:
                                         API_DURATION_BUCKETS)
         self.claims = r.counter(p + "claims_total", "Claim requests sent.")
         self.jobs_claimed = r.counter(p + "jobs_claimed_total", "Jobs received from claim requests.")
+        self.oom_kills = r.counter(p + "oom_kills_total", "Children killed by the kernel OOM killer.")
+        self.memory_used = r.gauge(p + "memory_used_bytes", "Memory in use where the daemon runs: its cgroup's, "
+                                   "else the host's.")
+        self.memory_limit = r.gauge(p + "memory_limit_bytes", "The memory limit that usage counts against.")
+        self.memory_pressure = r.gauge(p + "memory_pressure", "1 for the current memory pressure state (ok: "
+                                       "working; high: claims paused; max: shedding running jobs).", ("state",))
+        self.child_memory = r.gauge(p + "child_memory_bytes", "Memory of each child's process tree (PSS, else "
+                                    "RSS), at the last sample.", ("slot",))
+        for state in PRESSURE_STATES:
+            self.memory_pressure.set(1 if state == "ok" else 0, state=state)
         for reason in RESTART_REASONS:
             self.child_restarts.touch(reason=reason)
         for outcome in RENEWAL_OUTCOMES:
@@ -270,6 +287,16 @@ class DaemonMetrics:
         """One API call finished; `status` is the HTTP code, or a word like "error" for no response."""
         self.api_requests.inc_key((route, str(status)))  # label order as declared: route, status
         self.api_duration.observe_key((route,), duration_secs)
+
+    def memory(self, status: dict, children: list[dict]) -> None:
+        """Set the memory gauges from /status's `memory` part and its children."""
+        for state in PRESSURE_STATES:
+            self.memory_pressure.set(1 if status.get("state") == state else 0, state=state)
+        if "used_bytes" in status:
+            self.memory_used.set(status["used_bytes"])
+            self.memory_limit.set(status["limit_bytes"])
+        self.child_memory.set_all({(str(c["slot"]),): c["memory_bytes"] for c in children
+                                   if c.get("memory_bytes") is not None})
 
     def render(self) -> str:
         return self.registry.render()

@@ -30,6 +30,7 @@ from supervisor.client import rest as api
 from supervisor.client.loophttp import LoopHTTP
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
+from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.parent import orphans
 from supervisor.parent.events import NullHooks
@@ -41,14 +42,17 @@ from supervisor.parent.facts import (
     Fact,
     Fatal,
     Followup,
+    HandBack,
     Heard,
     JobDone,
     Registered,
+    ShedJob,
     StopJob,
     TakenOver,
 )
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
+from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
 from supervisor.parent.wake import Listener
@@ -56,6 +60,7 @@ from supervisor.parent.wake import Listener
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+PRESSURE_CHECK_EVERY = 1.0  # seconds between two readings of the memory the daemon has
 RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
 MAX_LOOP_ERRORS = 100  # turns in a row that raise: this will not mend itself, exit 1
@@ -75,7 +80,8 @@ class Phase(enum.Enum):
 
 
 class Arbiter:
-    def __init__(self, cfg: Config, client: api.SpooledAPI, hooks: NullHooks | None = None):
+    def __init__(self, cfg: Config, client: api.SpooledAPI, hooks: NullHooks | None = None,
+                 memory: MemorySource | None = None):
         self.cfg = cfg
         self.api = client
         self.hooks = hooks or NullHooks()
@@ -101,7 +107,10 @@ class Arbiter:
         self.http = (client.loop_client(self.sel, self.wake_w) if cfg.transport == "grpc" else  # type: ignore[attr-defined]
                      LoopHTTP(client, self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs)))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
-        self.pool = ChildPool(cfg, self.sel, self.hooks)
+        self.memory = memory if memory is not None else MemorySource.detect()
+        self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
+        self.next_pressure_check = 0.0
+        self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
         self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
         self.membership = Membership(cfg, client, self.submit)
         self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
@@ -112,7 +121,7 @@ class Arbiter:
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
         """Run until drained or stopped; return the process exit code. The caller has started the
-        forkserver (`childproc.start_forkserver`) before any thread of this process exists."""
+        forkserver (`forkservers.start_forkserver`) before any thread of this process exists."""
         for sig in HANDLED_SIGNALS:
             signal.signal(sig, self._on_signal)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
@@ -174,6 +183,7 @@ class Arbiter:
         self.membership.check_row_if_due(now)
         self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
+        self.check_memory(now)
         self.send_heartbeat(now)
         if self.exit_code is not None:
             return
@@ -269,6 +279,16 @@ class Arbiter:
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
             elif isinstance(fact, DrainAsked):
                 self.begin_drain(now, exitcodes.OK)
+            elif isinstance(fact, (HandBack, ShedJob)):
+                self.relieve_memory(fact, now)
+
+    def relieve_memory(self, fact: HandBack | ShedJob, now: float) -> None:
+        """Under memory pressure: hand the reserved jobs back, or stop a running one and fail its job."""
+        if isinstance(fact, HandBack):
+            self.jobs.hand_back_reserved(fact.error, now)
+        else:
+            self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+            self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
 
     def hear(self, news: list[Heard | Fatal], now: float) -> None:
         """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
@@ -291,9 +311,10 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand waiting jobs to idle children, send the outcomes recorded this turn, then claim for the
-        children that are idle or soon will be (the pacer puts outcomes ahead of claims)."""
-        for child, entry in self.jobs.assignments(self.pool.idle_children()):
+        """Hand waiting jobs to idle children (not under memory pressure), send the outcomes recorded this
+        turn, then claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
+        claims)."""
+        for child, entry in self.jobs.assignments([] if self.pressure.paused else self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
                 self.jobs.started(entry, child, now)
         self.jobs.send_reports()
@@ -301,7 +322,19 @@ class Arbiter:
                               self.pacer.allows_claim(now), self.pacer.rate)
 
     def may_claim(self) -> bool:
-        return self.membership.registered and self.phase is Phase.RUNNING
+        return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
+
+    def check_memory(self, now: float) -> None:
+        """Every PRESSURE_CHECK_EVERY, read the memory the daemon has and act on the pressure part's say."""
+        if now < self.next_pressure_check:
+            return
+        self.next_pressure_check = now + PRESSURE_CHECK_EVERY
+        running = []
+        for child in list(self.pool.children.values()):
+            entry = self.jobs.inflight.get(child.job_id) if child.busy else None
+            if entry is not None and entry.started_at is not None:
+                running.append(Running(child.slot, entry.id, entry.started_at))
+        self.route(self.pressure.observe(self.memory.read(), now, self.jobs.reserved(), running), now)
 
     def stopping_for_good(self) -> bool:
         return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.jobs.inflight.jobs)
@@ -341,7 +374,7 @@ class Arbiter:
     def handle_SIGHUP(self, now: float) -> None:
         self.reloads += 1
         log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
-        self.pool.replace_all("reload")
+        self.pool.reload()
         if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
             self.reload_began = now
             self.hooks.reloading(now)
@@ -459,6 +492,10 @@ class Arbiter:
         cpu, mem = self.tree_usage()
         metadata = self.membership.heartbeat_metadata(self.pool.target, self.pool.busy_count(),
                                                       len(self.pool.children), cpu, mem)
+        reading = self.pressure.reading
+        if reading is not None:
+            metadata["memory"] = {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
+                                  "pressure": self.pressure.state}
         self.membership.send_heartbeat(now, len(self.jobs.inflight), self.worker_status(now), metadata, cpu, mem)
 
     def worker_status(self, now: float | None = None) -> str:
@@ -506,6 +543,9 @@ class Arbiter:
                 "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
                 "job_runtime_secs": round(now - entry.started_at, 3) if entry and entry.started_at else None,
                 "rss_bytes": child.rss, "jobs_done": child.jobs_done, "restarts": self.pool.restarts.get(child.slot, 0),
+                "memory_bytes": child.memory.bytes if child.memory else None,
+                "subprocesses": child.memory.subprocesses if child.memory else None,
+                "memory_kind": child.memory.kind if child.memory else None,
             })
         api_ok_at = self.membership.api_ok_at
         return {
@@ -523,6 +563,7 @@ class Arbiter:
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
             "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
             "reserve_wait_ms": self.jobs.reserve_wait_ms(),
+            "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
             "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
                      "jobs_announced": self.listener.wake.created_seen},
             "children": sorted(children, key=lambda c: c["slot"]),

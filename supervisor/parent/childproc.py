@@ -17,15 +17,17 @@ import signal
 import socket
 from dataclasses import dataclass, field
 from logging import WARNING
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import resource_tracker
 
 import psutil
 
+from supervisor.child import forkservers
 from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
+from supervisor.ops.procmem import TreeMemory
 
 log = logging.getLogger("supervisor")
 
@@ -37,12 +39,6 @@ def set_group_grace(grace: float) -> None:
     """Set the grace the keeper of every child started from now on gives its group (--kill-grace)."""
     global _group_grace
     _group_grace = max(0.0, float(grace))
-
-
-def start_forkserver() -> None:
-    """Start the forkserver now, while the parent is still single-threaded and the key is out of its environment."""
-    _CONTEXT.set_forkserver_preload(["supervisor.child.main"])
-    forkserver.ensure_running()
 
 
 class ChildState(enum.Enum):
@@ -69,8 +65,11 @@ class Child:
     replace_reason: str | None = None  # replace it once idle, for this reason (reload, max_jobs, max_memory, resize)
     stop_reason: str | None = None  # why it was asked to stop
     kill_at: float | None = None  # SIGKILL at this time if it has not exited
-    rss: int | None = None  # resident memory at the last check
-    rss_at_breach: int | None = None  # resident memory when it first went over the cap during a job
+    rss: int | None = None  # its process tree's memory at the last sample, in bytes (as `memory.bytes`)
+    generation: int = 0  # the forkserver it came from (a reload with --preload starts a new one)
+    memory: TreeMemory | None = None  # its process tree's memory at the last sample
+    over_cap: int = 0  # samples in a row its tree was over --max-memory-per-child during a job
+    sent_kill: bool = False  # the daemon sent it SIGKILL
     boot_error: str | None = None  # the traceback of a failed handler import
     watching_writes: bool = False  # the selector watches its socket for writability
     _ps: psutil.Process | None = field(default=None, repr=False)
@@ -94,7 +93,7 @@ class Child:
         """The child answered for its job."""
         self.jobs_done += 1
         self.job_id = None
-        self.rss_at_breach = None
+        self.over_cap = 0
         if self.state is ChildState.BUSY:
             self.state = ChildState.IDLE
 
@@ -108,11 +107,13 @@ class Child:
     def note_boot_error(self, text: str) -> None:
         self.boot_error = text
 
-    def note_breach(self, rss: int) -> int:
-        """Remember the RSS at which the child first went over its cap during a job; return it."""
-        if self.rss_at_breach is None:
-            self.rss_at_breach = rss
-        return self.rss_at_breach
+    def note_memory(self, sample: TreeMemory | None, over_cap: bool) -> int:
+        """Record a sample of its tree's memory; return how many samples in a row it was over the cap
+        during a job (0 when not busy or not over)."""
+        self.memory = sample
+        self.rss = sample.bytes if sample is not None else None
+        self.over_cap = self.over_cap + 1 if over_cap and self.busy else 0
+        return self.over_cap
 
     def begin_stop(self, reason: str, now: float, grace: float, graceful: bool = False) -> None:
         """Ask the child to go: a `stop` frame if `graceful` (it is idle), otherwise SIGTERM; SIGKILL
@@ -133,6 +134,7 @@ class Child:
         signal_child(self, signal.SIGTERM)
         if grace <= 0:
             signal_child(self, signal.SIGKILL)
+            self.sent_kill = True
 
     def write_interest_changed(self) -> bool:
         """Follow whether a frame is still going out; True when the selector must be told."""
@@ -147,6 +149,7 @@ class Child:
             return False
         signal_child(self, signal.SIGKILL)
         self.kill_at = None
+        self.sent_kill = True
         return True
 
     # -- reading --
@@ -174,14 +177,6 @@ class Child:
                 return None
         return self._ps
 
-    def read_rss(self) -> int | None:
-        try:
-            proc = self.ps()
-            self.rss = proc.memory_info().rss if proc else None
-        except psutil.Error:
-            self.rss = None
-        return self.rss
-
 
 def job_quota(max_jobs: int) -> int:
     """`max_jobs` plus up to 10% jitter, so children recycle at different times."""
@@ -193,9 +188,8 @@ def job_quota(max_jobs: int) -> int:
 def multiprocessing_helper_pids() -> set[int]:
     """Pids of the daemon's own children that multiprocessing waits for itself (the forkserver and the
     resource tracker): nobody else may reap them (supervisor.parent.orphans excludes them)."""
-    pids = {getattr(forkserver._forkserver, "_forkserver_pid", None),
-            getattr(resource_tracker._resource_tracker, "_pid", None)}
-    return {p for p in pids if p}
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return forkservers.pids() | ({tracker} if tracker else set())
 
 
 def shared_env(cfg: Config) -> dict[str, str]:
@@ -206,7 +200,7 @@ def shared_env(cfg: Config) -> dict[str, str]:
 
 
 def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int,
-                env: dict[str, str] | None = None) -> Child:
+                env: dict[str, str] | None = None, generation: int = 0) -> Child:
     parent_end, child_end = socket.socketpair()
     proc = _CONTEXT.Process(
         target=child_main,
@@ -214,11 +208,11 @@ def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_
         name=f"spooled-child-{slot}",
     )
     try:
-        proc.start()
+        forkservers.start_process(proc, generation)
     finally:
         child_end.close()
     return Child(slot=slot, proc=proc, chan=Channel(parent_end), started_at=now,
-                 job_quota=job_quota(max_jobs), pid=proc.pid)
+                 job_quota=job_quota(max_jobs), pid=proc.pid, generation=generation)
 
 
 def leads_group(pid: int) -> bool:
@@ -303,19 +297,25 @@ def describe_pid(pid: int) -> str:
     return text[:200]
 
 
-def death_cause(exitcode: int | None) -> str:
-    """Say how a child ended, e.g. 'killed by SIGKILL (possibly out of memory)'."""
+def death_cause(exitcode: int | None, oom: bool | None = None, killed_by_daemon: bool = False) -> str:
+    """Say how a child ended, e.g. 'killed by the kernel OOM killer (SIGKILL)'. For a SIGKILL, `oom` says
+    whether the OOM kill counter rose meanwhile (None: no counter to read), `killed_by_daemon` whether the
+    daemon sent it (a child that outlived its grace)."""
     if exitcode is None:
         return "ended with an unknown status"
+    if exitcode == -signal.SIGKILL:
+        if killed_by_daemon:
+            return "killed by SIGKILL (by the daemon, after the grace period)"
+        if oom:
+            return "killed by the kernel OOM killer (SIGKILL)"
+        return "killed by signal 9 (not by the daemon)" + ("" if oom is False else "; possibly out of memory")
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
         text = f"killed by {name}"
-        if -exitcode == signal.SIGKILL:
-            text += " (possibly out of memory)"
-        elif -exitcode == signal.SIGSEGV:
+        if -exitcode == signal.SIGSEGV:
             text += " (segmentation fault)"
         return text
     if exitcode == BOOT_ERROR_EXIT:

@@ -83,6 +83,22 @@ class DrainAsked:
 
 
 @dataclass(frozen=True)
+class HandBack:
+    """Give every reserved (claimed, not started) job back to the queue, failed with `error`."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class ShedJob:
+    """Stop the child on `slot` running `job_id` and fail the job with `error` (memory pressure)."""
+
+    slot: int
+    job_id: str
+    error: str
+
+
+@dataclass(frozen=True)
 class WorkCreated:
     """The events stream announced a job on `queue` (None: on some queue of ours): claim there now."""
 
@@ -96,7 +112,8 @@ class Listening:
     live: bool
 
 
-Fact = JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked
+Fact = (JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked | HandBack
+        | ShedJob)
 Heard = WorkCreated | Listening  # what the events stream tells the job flow
 
 

@@ -193,6 +193,15 @@ class JobFlow:
         self._fail(entry, fact.error, now, fact.outcome)
         return []
 
+    def hand_back_reserved(self, error: str, now: float) -> int:
+        """Give every reserved job (claimed, not started) back to the queue, failed with `error` (the API has
+        no release: a fail puts it back, to be retried, by this worker or another); return how many."""
+        entries = self.inflight.waiting()
+        for entry in entries:
+            log_event(log, INFO, "handing a reserved job back", error=error, **self.job_fields(entry, now))
+            self._fail(entry, error, now, "failed")
+        return len(entries)
+
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
         """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
         return list(zip(idle, self.inflight.waiting(), strict=False)) if self.starting else []

@@ -11,12 +11,16 @@ import logging
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
 
 from supervisor import sdkworker
 from supervisor.backoff import backoff
+from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
 from supervisor.config import Config
+from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
+from supervisor.ops.procmem import TreeMemory, tree_memory
 from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
@@ -24,11 +28,13 @@ from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
 log = logging.getLogger("supervisor")
 
 BOOT_TIMEOUT = 60.0  # a child that is not ready by then is killed and counted as a boot failure
-MEMORY_CHECK_EVERY = 1.0
+MEMORY_CHECK_EVERY = 1.0  # each child's process tree is sampled this often, busy or idle
+GRACE_SAMPLES = 3  # samples in a row over --max-memory-per-child before a running job is stopped
+MiB = 2**20
 CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a replacement changes the pool
 DEGRADED_FOR = 60.0  # `degraded` this long after a boot failure, or while 3 crashes fall in it
 MAX_PROCS = 1000
-EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload")
+EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
 
 
 class HandlerImportFailed(Exception):
@@ -36,8 +42,15 @@ class HandlerImportFailed(Exception):
 
 
 class ChildPool:
-    def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks):
+    def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks, memory: MemorySource | None = None,
+                 measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = tree_memory):
         self.cfg = cfg
+        self.memory = memory  # where the kernel's OOM kills are counted; None: they are not
+        self.measure = measure  # the memory of a child's process tree (PSS above the cap, else RSS)
+        self.generation = 0  # the forkserver new children come from
+        self.oom_seen = memory.oom_kills() if memory is not None else None  # the OOM kill counter, last read
+        self.oom_unclaimed = 0  # OOM kills counted and not yet matched to a dead child
+        self.oom_kills = 0  # children the kernel OOM killer killed
         self.sel = sel  # the arbiter's selector: children's sockets and sentinels are watched there
         self.hooks = hooks
         self.children: dict[int, Child] = {}  # slot -> the live child in it
@@ -79,6 +92,8 @@ class ChildPool:
                   if slot not in self.children and slot < self.target]
         if self.changed:
             times.append(now)
+        if len(self.children) < self.target and not ready(self.generation):
+            times.append(self.next_converge_at)  # look again soon: the forkserver is importing the handler
         return min(times) if times else None
 
     # ------------------------------------------------------------ changes asked from outside
@@ -87,6 +102,13 @@ class ChildPool:
         self.target = max(1, min(MAX_PROCS, self.target + delta))
         self.changed = True
         return self.target
+
+    def reload(self) -> None:
+        """Replace every child, one at a time; with --preload they come from a new forkserver, which imports
+        the handler's module afresh."""
+        if self.cfg.preload:
+            self.generation = renew_forkserver(self.cfg.handler)
+        self.replace_all("reload")
 
     def replace_all(self, reason: str) -> None:
         """Replace every child once it is idle (a reload: one at a time, see converge)."""
@@ -124,9 +146,10 @@ class ChildPool:
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not stopping_for_good:
                 self._start_child(slot, now)
-        # A reload replaces one child at a time, and waits while a new child is starting, one is being
-        # stopped, or a slot is backing off after a failed start (new code that does not import).
-        replacing = bool(self.boot_failures) or any(
+        # A reload replaces one child at a time, and waits while its forkserver is still importing, a new
+        # child is starting, one is being stopped, or a slot is backing off after a failed start (new code
+        # that does not import).
+        replacing = bool(self.boot_failures) or not ready(self.generation) or any(
             c.starting or (c.stopping and c.stop_reason == "reload") for c in self.children.values())
         for child in list(self.children.values()):
             if child.slot >= self.target and (child.idle or child.starting):
@@ -143,9 +166,11 @@ class ChildPool:
             elif child.starting and now - child.started_at > BOOT_TIMEOUT:
                 log_event(log, ERROR, "child did not become ready in time; killing it", slot=child.slot, pid=child.pid)
                 child.begin_stop("boot_failed", now, 0.0)
+        if self.generation:
+            retire_forkservers({c.generation for c in self.children.values()})
 
     def enforce(self, now: float) -> list[Fact]:
-        """SIGKILL children past their grace; every MEMORY_CHECK_EVERY, read RSS and apply the cap."""
+        """SIGKILL children past their grace; every MEMORY_CHECK_EVERY, sample memory and apply the cap."""
         for child in self.children.values():
             if child.kill_if_due(now):
                 log_event(log, WARNING, "child ignored SIGTERM; sending SIGKILL", slot=child.slot, pid=child.pid,
@@ -191,7 +216,7 @@ class ChildPool:
         facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
         child.proc.join(0)
         kill_group(child)  # what its handler left in its process group goes too, before any new child starts
-        cause = death_cause(child.proc.exitcode)
+        cause = self._death_cause(child)
         was_starting = child.starting or child.stop_reason == "boot_failed"
         self._forget(child)
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
@@ -253,8 +278,11 @@ class ChildPool:
         child.finish_job()
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
-        if self.cfg.max_memory_per_child_mb and (child.read_rss() or 0) > self.cfg.max_memory_per_child_mb * 2**20:
-            self.replace(child, "max_memory")
+        if self.cfg.max_memory_per_child_mb and child.pid:
+            sample = self.measure(child.pid, self._not_counted(child), self.cfg.max_memory_per_child_mb * MiB)
+            child.note_memory(sample, False)
+            if sample is not None and sample.bytes > self.cfg.max_memory_per_child_mb * MiB:
+                self.replace(child, "max_memory")
         ok = bool(msg.get("ok"))
         value = msg.get("result") if ok else (msg.get("error") or "Job failed")
         return JobDone(child.slot, msg.get("id") or "", ok, value)
@@ -272,32 +300,78 @@ class ChildPool:
                   cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
 
     def _check_memory(self, now: float) -> list[Fact]:
-        """Enforce --max-memory-per-child: replace a child over the cap after its job, or stop it and
-        fail the job when it keeps growing during one (by more than 10% of the cap or 16 MiB)."""
-        cap_mb = self.cfg.max_memory_per_child_mb
-        limit = cap_mb * 2**20 or float("inf")
-        growth = max(cap_mb * 2**20 // 10, 16 * 2**20)
+        """Sample each child's process tree. Enforce --max-memory-per-child on it: a child over the cap is
+        replaced once idle; over it for GRACE_SAMPLES samples in a row during a job, it is stopped with its
+        group and the job failed."""
+        cap = self.cfg.max_memory_per_child_mb * MiB
         facts: list[Fact] = []
         for child in list(self.children.values()):
-            rss = child.read_rss()
-            if rss is None or rss <= limit or child.stopping:
+            if child.stopping or not child.pid:
                 continue
-            self.replace(child, "max_memory")  # replaced once idle (by converge)
-            if not child.busy or rss <= child.note_breach(rss) + growth:
-                continue
-            log_event(log, ERROR, "child keeps growing past its memory cap during a job; stopping it",
-                      slot=child.slot, pid=child.pid, rss_mb=rss // 2**20, job_id=child.job_id)
-            child.begin_stop("max_memory", now, self.cfg.kill_grace)
-            self.changed = True
-            facts.append(ChildLost(child.slot, f"MemoryLimitExceeded: the child process (pid {child.pid}) grew to "
-                                               f"{rss // 2**20} MiB during this job, over the {cap_mb} MiB cap; "
-                                               "it was stopped", "failed"))
+            sample = self.measure(child.pid, self._not_counted(child), cap or None)
+            over = bool(cap) and sample is not None and sample.bytes > cap
+            if child.note_memory(sample, over) >= GRACE_SAMPLES and sample is not None:
+                facts.append(self._stop_over_cap(child, sample, now))
+            elif over:
+                self.replace(child, "max_memory")  # replaced once idle (by converge)
+        self._note_oom_count()
         return facts
 
+    def _stop_over_cap(self, child: Child, sample: TreeMemory, now: float) -> ChildLost:
+        used, cap = sample.bytes // MiB, self.cfg.max_memory_per_child_mb
+        log_event(log, ERROR, "a job's processes stayed over the memory cap; stopping the child and its group",
+                  slot=child.slot, pid=child.pid, memory_mb=used, cap_mb=cap, subprocesses=sample.subprocesses,
+                  job_id=child.job_id)
+        child.begin_stop("max_memory", now, self.cfg.kill_grace)
+        self.changed = True
+        n = sample.subprocesses
+        tree = f"child and {n} subprocess" + ("" if n == 1 else "es") if n else "the child alone"
+        return ChildLost(child.slot, f"MemoryLimitExceeded: the job used {used} MiB, {used - cap} MiB over the cap "
+                                     f"of {cap} MiB ({tree}); its processes were stopped", "failed")
+
+    @staticmethod
+    def _not_counted(child: Child) -> frozenset[int]:
+        return frozenset({child.keeper_pid}) if child.keeper_pid else frozenset()
+
+    def _death_cause(self, child: Child) -> str:
+        """How the child ended; a SIGKILL the daemon did not send is told apart by the OOM kill counter."""
+        code = child.proc.exitcode
+        oom = None
+        if code == -signal.SIGKILL and not child.sent_kill:
+            oom = self._oom_killed()
+            if oom:
+                self.oom_kills += 1
+                self.hooks.child_oom_killed()
+        return death_cause(code, oom, child.sent_kill)
+
+    def _oom_killed(self) -> bool | None:
+        """Whether the kernel OOM killer accounts for a SIGKILLed child: one OOM kill counted since the last
+        read and not matched to another child yet. None when there is no counter."""
+        count = self.memory.oom_kills() if self.memory is not None else None
+        if count is None or self.oom_seen is None:
+            self.oom_seen = count
+            return None
+        self.oom_unclaimed += max(0, count - self.oom_seen)
+        self.oom_seen = count
+        if self.oom_unclaimed:
+            self.oom_unclaimed -= 1
+            return True
+        return False
+
+    def _note_oom_count(self) -> None:
+        """Take the counter as the new baseline while no child lies dead unreaped (an OOM kill counted
+        now belongs to some other process in the cgroup)."""
+        if self.memory is None or any(c.proc.exitcode is not None for c in self.children.values()):
+            return
+        self.oom_seen, self.oom_unclaimed = self.memory.oom_kills(), 0
+
     def _start_child(self, slot: int, now: float) -> None:
+        if not ready(self.generation):
+            return  # its forkserver is still importing the handler: converge tries again shortly
         try:
             child = spawn_child(slot, now, self.cfg.handler, self.cfg.worker_id,
-                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, env=shared_env(self.cfg))
+                                self.cfg.max_result_bytes, self.cfg.max_jobs_per_child, env=shared_env(self.cfg),
+                                generation=self.generation)
         except OSError as exc:  # out of processes or memory: back off like a child that failed to start
             failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
             self.last_boot_failure = now

@@ -239,10 +239,11 @@ def test_the_keeper_is_known_by_the_pid_the_child_reported_before_its_title_is_s
 
 SUBREAPER_SCRIPT = r"""
 import multiprocessing, os, subprocess, sys, time
+from supervisor.child import forkservers
 from supervisor.parent import childproc, orphans
 
 assert orphans.become_subreaper() and orphans.is_subreaper()
-childproc.start_forkserver()
+forkservers.start_forkserver()
 helpers = childproc.multiprocessing_helper_pids()
 assert helpers, helpers
 env = dict(os.environ, HOSTS_TEST_MARKER=sys.argv[1])

@@ -117,7 +117,7 @@ def test_run_jobs_returns_what_the_real_children_did_in_payload_order(spooled_de
     assert done[1].last_error.startswith("ValueError: nope")
     assert "exited with code 9" in done[2].last_error
     assert done[3].last_error.startswith("ResultNotSerializable")
-    assert done[4].last_error.startswith("ChildProcessDied") and "SIGKILL" in done[4].last_error
+    assert done[4].last_error.startswith("ChildProcessDied") and "killed by signal 9" in done[4].last_error
     assert all(j.retry_count == 0 and j.max_retries == 0 for j in done)
 
 

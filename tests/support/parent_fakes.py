@@ -84,6 +84,9 @@ class Hooks(NullHooks):
     def child_restarted(self, reason: str) -> None:
         self.events.append(("child_restarted", reason))
 
+    def child_oom_killed(self) -> None:
+        self.events.append(("oom_killed",))
+
     def lease_renewed(self, outcome: str) -> None:
         self.events.append(("lease_renewed", outcome))
 
@@ -164,7 +167,7 @@ class FakeMemory:
 
 @dataclass
 class FakePs:
-    """What `Child.read_rss` asks psutil; `rss` is set by the test."""
+    """What the arbiter's tree_usage asks psutil of a child (`Child.ps`)."""
 
     rss: int = 10 * MiB
 
@@ -220,10 +223,11 @@ class Spawner:
     quota: int = 0
 
     def __call__(self, slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int,
-                 max_jobs: int, env: dict | None = None) -> Child:
+                 max_jobs: int, env: dict | None = None, generation: int = 0) -> Child:
         if self.fail:
             raise OSError("fork failed")
         child = fake_child(slot, now, job_quota=self.quota or max_jobs, pid=FAKE_PID + 1000 + len(self.spawned))
+        child.generation = generation
         self.spawned.append(child)
         return child
 

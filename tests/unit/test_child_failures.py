@@ -24,7 +24,11 @@ def test_error_text_is_type_message_and_traceback_tail_within_2048():
 
 
 def test_death_causes_and_job_quota_jitter():
-    assert death_cause(-signal.SIGKILL) == "killed by SIGKILL (possibly out of memory)"
+    assert death_cause(-signal.SIGKILL) == "killed by signal 9 (not by the daemon); possibly out of memory"
+    assert death_cause(-signal.SIGKILL, oom=False) == "killed by signal 9 (not by the daemon)"
+    assert death_cause(-signal.SIGKILL, oom=True) == "killed by the kernel OOM killer (SIGKILL)"
+    assert death_cause(-signal.SIGKILL, killed_by_daemon=True) == "killed by SIGKILL (by the daemon, after the grace " \
+                                                                  "period)"
     assert death_cause(-signal.SIGSEGV) == "killed by SIGSEGV (segmentation fault)"
     assert death_cause(7) == "exited with code 7"
     quotas = {job_quota(100) for _ in range(200)}

@@ -13,6 +13,7 @@ import signal
 import pytest
 from support.parent_fakes import FakeSelector, Hooks, MiB, Signals, Spawner, make_cfg, no_process_is_touched
 
+from supervisor.ops.procmem import TreeMemory
 from supervisor.parent.childproc import ChildState
 from supervisor.parent.facts import ChildLost, ChildReady, JobDone
 from supervisor.parent.pool import BOOT_TIMEOUT, CONVERGE_EVERY, MAX_PROCS, ChildPool, HandlerImportFailed
@@ -109,8 +110,8 @@ def test_a_crash_is_a_lost_child_counted_and_restarted_at_once(rig):
     facts = rig.exit(a, -KILL, T0 + 5)
     assert len(facts) == 1 and isinstance(facts[0], ChildLost)
     assert facts[0].slot == a.slot and facts[0].outcome == "crashed"
-    assert facts[0].error == f"ChildProcessDied: the child process running this job (pid {a.pid}) killed by SIGKILL " \
-                             "(possibly out of memory)"
+    assert facts[0].error == f"ChildProcessDied: the child process running this job (pid {a.pid}) killed by signal 9 " \
+                             "(not by the daemon); possibly out of memory"
     assert rig.pool.restarts == {a.slot: 1} and ("child_restarted", "crashed") in rig.hooks.events
     assert a.slot not in rig.pool.children and a.chan.closed and a.proc.closed
     assert rig.sel.events_of(a.chan.sock) is None and rig.sel.events_of(a.proc.sentinel) is None
@@ -397,11 +398,33 @@ def test_max_jobs_quota_comes_from_the_config(monkeypatch):
 
 # ------------------------------------------------------------------ memory
 
+class Trees:
+    """Stands in for the pool's `measure`: each pid's tree memory, as the test sets it."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[int, TreeMemory] = {}
+        self.asked: list[tuple[int, frozenset, int | None]] = []
+
+    def set(self, child, mib: int, subprocesses: int = 0) -> None:
+        self.sizes[child.pid] = TreeMemory(mib * MiB, subprocesses)
+
+    def __call__(self, pid: int, exclude: frozenset, pss_above: int | None) -> TreeMemory | None:
+        self.asked.append((pid, exclude, pss_above))
+        return self.sizes.get(pid)
+
+
+def memory_rig(monkeypatch, cap_mb: int = 100) -> tuple[Rig, Trees]:
+    rig = Rig(monkeypatch, max_memory_per_child_mb=cap_mb)
+    trees = Trees()
+    rig.pool.measure = trees
+    return rig, trees
+
+
 def test_a_child_over_the_memory_cap_is_replaced_after_its_job(monkeypatch):
-    rig = Rig(monkeypatch, max_memory_per_child_mb=100)
+    rig, trees = memory_rig(monkeypatch)
     a, _ = rig.up()
     rig.give(a)
-    a._ps.rss = 150 * MiB
+    trees.set(a, 150)
     rig.done(a, "a", T0 + 1)
     assert a.replace_reason == "max_memory"
     rig.converge(T0 + 1)
@@ -409,36 +432,45 @@ def test_a_child_over_the_memory_cap_is_replaced_after_its_job(monkeypatch):
 
 
 def test_an_idle_child_over_the_cap_is_replaced_at_the_memory_check(monkeypatch):
-    rig = Rig(monkeypatch, max_memory_per_child_mb=100)
+    rig, trees = memory_rig(monkeypatch)
     a, b = rig.up()
-    a._ps.rss = 101 * MiB
+    trees.set(a, 101)
+    trees.set(b, 99)
     assert rig.pool.enforce(T0) == []
     assert a.replace_reason == "max_memory" and b.replace_reason is None and a.rss == 101 * MiB
 
 
-def test_a_child_growing_past_the_cap_during_a_job_is_stopped_and_its_job_failed(monkeypatch):
-    rig = Rig(monkeypatch, max_memory_per_child_mb=100)
+def test_a_job_whose_tree_stays_over_the_cap_for_the_grace_samples_is_failed_and_its_child_stopped(monkeypatch):
+    rig, trees = memory_rig(monkeypatch)
+    a, _ = rig.up()
+    a.keeper_pid = 77
+    rig.give(a)
+    trees.set(a, 150, subprocesses=2)
+    assert rig.pool.enforce(T0) == []  # over the cap once: a spike is forgiven, the job goes on
+    assert (a.pid, frozenset({77}), 100 * MiB) in trees.asked  # the keeper is not counted; PSS above the cap
+    assert a.busy and a.replace_reason == "max_memory"
+    trees.set(a, 90)
+    assert rig.pool.enforce(T0 + 1) == []  # back under: the count starts again
+    trees.set(a, 150, subprocesses=2)
+    assert rig.pool.enforce(T0 + 2) == [] and rig.pool.enforce(T0 + 2.5) == []  # sampled once a second only
+    assert rig.pool.enforce(T0 + 3) == []
+    facts = rig.pool.enforce(T0 + 4)  # the third sample in a row over the cap
+    assert len(facts) == 1 and isinstance(facts[0], ChildLost) and facts[0].slot == a.slot
+    assert facts[0].outcome == "failed"
+    assert facts[0].error == ("MemoryLimitExceeded: the job used 150 MiB, 50 MiB over the cap of 100 MiB (child and 2 "
+                              "subprocesses); its processes were stopped")
+    assert a.stopping and rig.signals.sent == [(a.slot, TERM)]  # its whole group (signal_child signals the group)
+    assert rig.pool.enforce(T0 + 5) == []  # a stopping child is not checked again
+
+
+def test_no_memory_cap_means_no_replacement_yet_memory_is_sampled(monkeypatch):
+    rig, trees = memory_rig(monkeypatch, cap_mb=0)
     a, _ = rig.up()
     rig.give(a)
-    a._ps.rss = 150 * MiB
-    assert rig.pool.enforce(T0) == []  # over the cap: replaced after the job, the job goes on
-    assert a.busy and a.replace_reason == "max_memory"
-    a._ps.rss = 166 * MiB
-    assert rig.pool.enforce(T0 + 1) == []  # 16 MiB of growth is allowed
-    a._ps.rss = 167 * MiB
-    assert rig.pool.enforce(T0 + 1.5) == []  # checked once a second only
-    facts = rig.pool.enforce(T0 + 2)
-    assert len(facts) == 1 and isinstance(facts[0], ChildLost) and facts[0].slot == a.slot
-    assert facts[0].outcome == "failed" and facts[0].error.startswith("MemoryLimitExceeded: the child process")
-    assert "167 MiB during this job, over the 100 MiB cap" in facts[0].error
-    assert a.stopping and rig.signals.sent == [(a.slot, TERM)]
-    assert rig.pool.enforce(T0 + 3) == []  # a stopping child is not checked again
-
-
-def test_no_memory_cap_means_no_replacement(rig):
-    a, _ = rig.up()
-    a._ps.rss = 10_000 * MiB
-    assert rig.pool.enforce(T0) == [] and a.replace_reason is None
+    trees.set(a, 10_000, subprocesses=1)
+    for second in range(5):
+        assert rig.pool.enforce(T0 + second) == []
+    assert a.replace_reason is None and a.memory == TreeMemory(10_000 * MiB, 1)
 
 
 # ------------------------------------------------------------------ the end

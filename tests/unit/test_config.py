@@ -30,6 +30,9 @@ BAD_VALUES = {
     "SPOOLED_WAKE": ("push", "events or poll"),
     "SPOOLED_MAX_JOBS_PER_CHILD": ("1.5", "whole number"),
     "SPOOLED_MAX_MEMORY_PER_CHILD": ("-5", "0 or more"),
+    "SPOOLED_PRELOAD": ("maybe", "1/true/yes/on or 0/false/no/off"),
+    "SPOOLED_MEMORY_HIGH": ("101%", "between 1% and 100%"),
+    "SPOOLED_MEMORY_MAX": ("lots", "whole number of MiB"),
     "SPOOLED_KILL_GRACE": ("nan", "0 or more"),
     "SPOOLED_MAX_RESULT_BYTES": ("1000", "1024 or more"),
     "SPOOLED_API_TIMEOUT": ("121", "between 0.5 and 120"),
@@ -74,7 +77,8 @@ def test_bad_environment_value_names_the_variable(name):
 @pytest.mark.parametrize("name", sorted(n for n in BAD_VALUES if n not in ("SPOOLED_ALLOW_INSECURE_HTTP",
                                                                            "SPOOLED_UNTIL_EMPTY",
                                                                            "SPOOLED_K8S_DELETION_COST",
-                                                                           "SPOOLED_SHARE_API_KEY")))
+                                                                           "SPOOLED_SHARE_API_KEY",
+                                                                           "SPOOLED_PRELOAD")))
 def test_the_same_bad_value_as_a_flag_names_the_flag(name):
     value, allowed = BAD_VALUES[name]
     flag = next(opt.flag for opt in OPTIONS if opt.env == name)

@@ -1,0 +1,50 @@
+"""--preload: imported by the forkserver, before it forks any child, to import the handler's module there.
+
+The parent puts the handler spec and its sys.path in SPOOLED_SUPERVISOR_PRELOAD while it starts the
+forkserver; this module, run at the forkserver's start, imports the handler's module, then freezes the
+garbage collector (gc.freeze) so collections in the children do not write to the shared pages, and
+creates the `ready` file the parent waits for before it asks for a child. Every child forked afterwards
+finds the module already imported: its pages are shared copy-on-write.
+
+A failed import is not an error here: the forkserver must live on. Each child then imports the module
+itself, fails the same way and reports the traceback (exit code 3), as without --preload.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import sys
+
+PRELOAD_ENV = "SPOOLED_SUPERVISOR_PRELOAD"
+error: str | None = None  # why the import failed in the forkserver, if it did
+
+
+def preload_order(handler: str, path: list[str], ready: str) -> str:
+    """What the parent puts in PRELOAD_ENV: the handler spec, the sys.path to import it with, and the file
+    to create once the import is over."""
+    return json.dumps({"handler": handler, "sys_path": path, "ready": ready})
+
+
+def _preload(order: str) -> None:
+    global error
+    try:
+        spec = json.loads(order)
+        sys.path[:] = [p for p in spec["sys_path"] if isinstance(p, str)] or sys.path
+        importlib.import_module(str(spec["handler"]).partition(":")[0])
+    except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the forkserver must not die
+        error = f"{type(exc).__name__}: {exc}"
+    gc.collect()
+    gc.freeze()
+    try:
+        with open(json.loads(order)["ready"], "x"):
+            pass
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+
+
+_order = os.environ.pop(PRELOAD_ENV, None)
+if _order is not None:
+    _preload(_order)
