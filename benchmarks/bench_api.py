@@ -159,6 +159,48 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
             "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1)}
 
 
+def gaps(trace: str) -> dict | None:
+    """p50 / p99 / max (ms) of the idle time between one child's jobs, from a trace file (`pid start end` lines
+    written by benchmarks.handlers), and the count of gaps; None without a trace."""
+    try:
+        lines = Path(trace).read_text().split("\n")
+    except OSError:
+        return None
+    runs: dict[str, list[tuple[float, float]]] = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 3:
+            runs.setdefault(parts[0], []).append((float(parts[1]), float(parts[2])))
+    found = []
+    for spans in runs.values():
+        spans.sort()
+        found += [(b[0] - a[1]) * 1000 for a, b in zip(spans, spans[1:], strict=False)]
+    if not found:
+        return None
+    return {"p50": round(pct(found, 50) or 0, 2), "p99": round(pct(found, 99) or 0, 2), "max": round(max(found), 2),
+            "count": len(found), "children": len(runs)}
+
+
+def pool_rate(ms: float, count: int, sleep: bool) -> float:
+    """Jobs per second of multiprocessing.Pool(cores).map over the same jobs (no queue: the ceiling of the
+    machine at that moment), its workers started beforehand."""
+    import multiprocessing
+
+    from benchmarks.handlers import burn_ms
+
+    ctx = multiprocessing.get_context("forkserver")
+    pool = ctx.Pool(CORES)
+    work, arg = (time.sleep, ms / 1000.0) if sleep else (burn_ms, ms)
+    try:
+        pool.map(work, [arg] * CORES * 2, chunksize=1)  # warm: every worker started
+        t0 = time.perf_counter()
+        pool.map(work, [arg] * count, chunksize=1)
+        return count / (time.perf_counter() - t0)
+    finally:
+        pool.close()  # close + join: terminate() can leave a worker holding the task queue's lock
+        pool.join()
+
+
 def grpc_available() -> bool:
     try:
         import grpc  # noqa: F401
@@ -191,14 +233,25 @@ def latency_section(args, tmp: str) -> list[dict]:
             for ms in args.ms:
                 count = max(args.min_jobs * CORES, int(args.seconds * CORES * 1000 / ms))
                 ideal = CORES * 1000.0 / ms
+                log(f"latency {delay} ms, jobs {ms:g} ms x {count}: multiprocessing.Pool")
+                pool_before = pool_rate(ms, count, args.sleep)
+                added = []
                 for kind, extra in workers(server, args):
                     queue = f"lat-{delay}-{int(ms)}-{kind}"
                     log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}")
+                    trace = os.path.join(tmp, f"trace-{queue}.txt")
                     payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
-                    r = run_worker(kind, server, tmp, queue, payload, count, CORES, extra)
+                    r = run_worker(kind, server, tmp, queue, {**payload, "trace": trace}, count, CORES, extra)
                     r.update({"api_delay_ms": delay, "job_ms": ms, "efficiency": round(r["jobs_per_s"] / ideal, 4),
-                              "steady_efficiency": round(r["steady_jobs_per_s"] / ideal, 4)})
-                    rows.append(r)
+                              "steady_efficiency": round(r["steady_jobs_per_s"] / ideal, 4),
+                              "gap_ms": gaps(trace) if kind != "sdk" else None})
+                    added.append(r)
+                log(f"latency {delay} ms, jobs {ms:g} ms x {count}: multiprocessing.Pool again")
+                pool = (pool_before + pool_rate(ms, count, args.sleep)) / 2  # the mean of both sides of the rows
+                for r in added:
+                    r.update({"pool_jobs_per_s": round(pool, 2), "pool_efficiency": round(pool / ideal, 4),
+                              "over_pool": round(r["jobs_per_s"] / pool, 4)})
+                rows += added
         finally:
             server.stop()
     return rows
@@ -269,14 +322,19 @@ def budget_section(args, tmp: str) -> list[dict]:
 def table(result: dict) -> str:
     out = []
     if result.get("latency"):
-        out.append("API latency (efficiency = jobs/s / (cores / d)):")
-        out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'jobs/s':>8} {'eff':>6} {'steady':>6} "
-                   f"{'reserve p50/p99 ms':>20}")
+        out.append("API latency (efficiency = jobs/s / (cores / d); / Pool = jobs/s over multiprocessing.Pool's on the "
+                   "same jobs in the same run, the mean of a run before and after the row's workers; gaps = a "
+                   "child's idle time between jobs):")
+        out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'jobs/s':>8} {'eff':>6} {'Pool eff':>8} {'/ Pool':>7} "
+                   f"{'steady':>6} {'reserve p50/p99 ms':>20} {'gap p50/p99/max ms':>20}")
         for r in result["latency"]:
             w = r.get("reserve_wait_ms") or {}
             rw = f"{w.get('p50', '-')}/{w.get('p99', '-')}" if w else "-"
+            g = r.get("gap_ms") or {}
+            gw = f"{g['p50']}/{g['p99']}/{g['max']}" if g else "-"
             out.append(f"{r['api_delay_ms']:>6} {r['job_ms']:>5g} {r['worker']:>10} {r['jobs_per_s']:>8} "
-                       f"{r['efficiency']:>6} {r.get('steady_efficiency', '-'):>6} {rw:>20}")
+                       f"{r['efficiency']:>6} {r.get('pool_efficiency', '-'):>8} {r.get('over_pool', '-'):>7} "
+                       f"{r.get('steady_efficiency', '-'):>6} {rw:>20} {gw:>20}")
     if result.get("noop"):
         out.append("No-op jobs (parent CPU per job, idle included):")
         for r in result["noop"]:

@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 
 import orjson
@@ -209,25 +210,104 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
 
 def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_bytes: int,
           keeper: int | None = None) -> None:
-    """Say `ready` (with the keeper's pid), then run each job the parent sends until it says `stop` or goes away."""
+    """Say `ready` (with the keeper's pid), then run each job the parent sends until it says `stop` or goes away.
+
+    Jobs sent while one runs are held, in order, and the next is started as soon as the running one
+    ends, without waiting for the parent (supervisor.child.wire describes the frames)."""
     wire.write_frame(sock, {"t": "ready", "pid": os.getpid(), "keeper": keeper,
                             "about": getattr(handler, "about", None) or None})
     set_title(f"{title} idle")
-    while True:
-        try:
-            msg = wire.read_frame(sock)
-        except (EOFError, OSError):
-            break
-        frame = msg.get("t")
-        if frame == "stop":
-            break
-        if frame != "job":
-            continue
-        job = msg["job"]
-        set_title(f"{title} busy {job['id']}")
-        reply = run_job(handler, job, worker_id, max_result_bytes)
-        try:
-            wire.write_frame(sock, reply)
-        except OSError:
-            break
+    inbox = wire.Inbox(sock)
+    held: dict[str, dict] = {}  # the parent's `job` frames not started yet, by job id, in the order sent
+    job: dict | None = None
+    going = True
+    while going:
+        if job is None:
+            job, going = take_next(sock, inbox, held)
+        else:
+            job, going = run_then_next(sock, handler, job, held, inbox, title, worker_id, max_result_bytes)
+
+
+def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, dict]) -> tuple[dict | None, bool]:
+    """Idle: wait for the parent's frames and return the job to start, if any, and whether to go on."""
+    try:
+        frames = inbox.arrived(wait=True)
+    except (EOFError, OSError):
+        return None, False
+    out, stop = take_frames(frames, held)
+    job = None
+    if stop:
+        out += [{"t": "dropped", "id": job_id} for job_id in held]
+    else:
+        msg = next_held(held, out)
+        if msg is not None:
+            job = msg["job"]
+            if msg.get("held"):  # sent as a held job: the parent learns here that it started
+                out.append({"t": "started", "id": job["id"], "at": time.monotonic()})
+    return job, _write(sock, out) and not stop
+
+
+def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict], inbox: wire.Inbox, title: str,
+                  worker_id: str, max_result_bytes: int) -> tuple[dict | None, bool]:
+    """Run `job`, read what the parent sent meanwhile, and start the next held job at once, naming it in
+    the `done` frame. Returns that job (None if none is held) and whether to go on."""
+    set_title(f"{title} busy {job['id']}")
+    reply = run_job(handler, job, worker_id, max_result_bytes)
+    try:
+        frames = inbox.arrived()
+    except (EOFError, OSError):
+        frames = [{"t": "stop"}]
+    out, stop = take_frames(frames, held)
+    msg = None
+    if stop:
+        out += [{"t": "dropped", "id": job_id} for job_id in held]
+    else:
+        msg = next_held(held, out)
+    following = msg["job"] if msg is not None else None
+    if following is not None:
+        reply["next"], reply["started"] = following["id"], time.monotonic()
+        set_title(f"{title} busy {following['id']}")
+    else:
         set_title(f"{title} idle")
+    return following, _write(sock, [*out, reply]) and not stop
+
+
+def next_held(held: dict[str, dict], out: list) -> dict | None:
+    """Take the first held job that may still start: one past its `start_by` (its lease may have run out
+    while the parent could not say so) is given back (`dropped`, added to `out`) instead."""
+    now = time.monotonic()
+    while held:
+        msg = held.pop(next(iter(held)))
+        start_by = msg.get("start_by")
+        if start_by is None or now < start_by:
+            return msg
+        out.append({"t": "dropped", "id": msg["job"]["id"]})
+    return None
+
+
+def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
+    """Apply the parent's frames to the held jobs: `job` adds one, `drop` takes one back (answered
+    `dropped`). Returns the answers to send and whether `stop` came."""
+    out: list = []
+    stop = False
+    for msg in frames:
+        frame = msg.get("t")
+        if frame == "job":
+            held[msg["job"]["id"]] = msg
+        elif frame == "drop" and held.pop(msg.get("id"), None) is not None:
+            out.append({"t": "dropped", "id": msg["id"]})
+        elif frame == "stop":
+            stop = True
+    return out, stop
+
+
+def _write(sock: socket.socket, msgs: list) -> bool:
+    """Send `msgs` (nothing to send is fine); False if the parent has gone."""
+    try:
+        if len(msgs) == 1:
+            wire.write_frame(sock, msgs[0])
+        elif msgs:
+            wire.write_frames(sock, msgs)
+    except OSError:
+        return False
+    return True

@@ -6,12 +6,22 @@ the child, a result back to the parent, which receives it as the value the handl
 
 Parent side: `Channel` is non-blocking and resumable, so a slow or stuck child never
 blocks the parent loop, and a payload of several MiB goes through in pieces.
-Child side: `read_frame` / `write_frame` block, which is what a child wants.
+Child side: `Inbox` reads (blocking for the next frame, or taking only what has arrived) and
+`write_frame` / `write_frames` block, which is what a child wants.
 
 Messages (`t` is the type):
-  parent -> child: {"t": "job", "job": {...claimed job...}}, {"t": "stop"}
+  parent -> child: {"t": "job", "job": {...claimed job...}, "held"?: true, "start_by"?}, {"t": "drop", "id"},
+                   {"t": "stop"}
   child -> parent: {"t": "ready", "pid", "keeper"}, {"t": "boot_error", "error"},
-                   {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"}
+                   {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"},
+                   {"t": "dropped", "id"}, {"t": "started", "id", "at"}
+
+A job sent to a busy child is *held* (`"held": true`): it waits in the child until the running job
+ends. The child then starts it at once and says so in that job's `done` (`"next": id, "started":
+time.monotonic()`), or, if it was idle by the time the job came, in a `started` frame; past its
+`start_by` (time.monotonic(): its lease may have run out) it gives it back unstarted (`dropped`). `drop` asks
+for a held job back: the child answers `dropped` if it had not started it (else the frame saying it
+started has already gone out).
 """
 
 from __future__ import annotations
@@ -115,6 +125,49 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(buf)
 
 
+class Inbox:
+    """The child's end of its socket (blocking): the next frame, or the frames that have arrived."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._in = bytearray()
+        self._frames: list = []
+        self._eof = False
+
+    def arrived(self, wait: bool = False) -> list:
+        """Every whole message sent so far (with `wait`, blocking until there is one); a frame begun is
+        read to its end. EOFError when the parent has gone and nothing is left."""
+        while not self._eof and (wait and not self._frames or self._in):
+            self._receive(block=True)
+        while not self._eof and self._receive(block=bool(self._in)):
+            pass
+        if self._eof and not self._frames:
+            raise EOFError
+        frames, self._frames = self._frames, []
+        return frames
+
+    def _receive(self, block: bool) -> bool:
+        """Read once; False when nothing was there (not blocking) or the stream ended."""
+        try:
+            chunk = self.sock.recv(_READ_CHUNK, 0 if block else socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return False
+        if not chunk:
+            self._eof = True
+            return False
+        self._in += chunk
+        buf, pos = self._in, 0
+        while len(buf) - pos >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf, pos)
+            end = pos + HEADER.size + size
+            if len(buf) < end:
+                break
+            self._frames.append(exactjson.loads(memoryview(buf)[pos + HEADER.size:end]))
+            pos = end
+        del buf[:pos]
+        return True
+
+
 def read_frame(sock: socket.socket):
     """Block until one whole message arrives; EOFError when the parent has gone."""
     (size,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
@@ -123,3 +176,8 @@ def read_frame(sock: socket.socket):
 
 def write_frame(sock: socket.socket, msg) -> None:
     sock.sendall(encode(msg))
+
+
+def write_frames(sock: socket.socket, msgs: list) -> None:
+    """Send several messages in one write."""
+    sock.sendall(b"".join(encode(m) for m in msgs))

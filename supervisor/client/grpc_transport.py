@@ -313,6 +313,16 @@ class GrpcAPI:
         return GrpcCall("get_worker", "get_worker", error=missing, rest_only=True,
                         rest_call=lambda: rest.get_worker_call(worker_id))
 
+    def queue_stats_call(self, queue: str) -> GrpcCall:
+        """The queue's statistics with its mean processing time (gRPC's carry none): over the REST fallback,
+        else an Unavailable answer."""
+        rest = self.rest
+        missing = Unavailable(0, "NO_REST", "reading a queue's processing time needs the REST API (--api-url)")
+        if rest is None:
+            return GrpcCall("queue_stats", "queue_stats", error=missing)
+        return GrpcCall("queue_stats", "queue_stats", error=missing, rest_only=True,
+                        rest_call=lambda: rest.queue_stats_call(queue))
+
     def deregister(self, worker_id: str, timeout: float | None = None) -> None:
         """Blocking and bounded by `timeout` (else the API timeout); raises the typed ApiError."""
         import grpc

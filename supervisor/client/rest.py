@@ -285,6 +285,11 @@ class SpooledAPI:
         return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/heartbeat", body, route="job_heartbeat",
                          job_route=True)
 
+    def queue_stats_call(self, queue: str) -> Call:
+        """The queue's statistics: its jobs of the last 24 h and their mean processing time among them."""
+        return self.call("GET", f"/api/v1/queues/{quote(queue, safe='')}/stats", None, route="queue_stats",
+                         retry_safe=True)
+
     def bulk_create(self, queue: str, payloads: list, **defaults) -> dict:
         body = {"queue_name": queue, "jobs": [{"payload": p} for p in payloads],
                 **{k: v for k, v in defaults.items() if v is not None}}

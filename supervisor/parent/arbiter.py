@@ -45,6 +45,9 @@ from supervisor.parent.facts import (
     HandBack,
     Heard,
     JobDone,
+    JobReturned,
+    JobStarted,
+    RecallJob,
     Registered,
     ShedJob,
     StopJob,
@@ -260,10 +263,10 @@ class Arbiter:
     def route(self, facts: list[Fact], now: float) -> None:
         """Hand each fact to the part that acts on it."""
         for fact in facts:
-            if isinstance(fact, JobDone):
-                self.jobs.job_done(fact, now)
-            elif isinstance(fact, ChildLost):
-                self.jobs.child_lost(fact, now)
+            if isinstance(fact, (JobDone, JobStarted, JobReturned, ChildLost)):
+                self.route(self.jobs.from_child(fact, now), now)
+            elif isinstance(fact, RecallJob):
+                self.pool.recall_job(fact.slot, fact.job_id)
             elif isinstance(fact, StopJob):
                 self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
             elif isinstance(fact, ChildReady):
@@ -312,14 +315,21 @@ class Arbiter:
 
     def feed_children(self, now: float) -> None:
         """Hand waiting jobs to idle children (not under memory pressure), send the outcomes recorded this
-        turn, then claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
-        claims)."""
+        turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
+        claims), then send busy children their next job ahead while running (never during a drain or
+        under memory pressure, which asks the held ones back)."""
         for child, entry in self.jobs.assignments([] if self.pressure.paused else self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
                 self.jobs.started(entry, child, now)
         self.jobs.send_reports()
         self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
                               self.pacer.allows_claim(now), self.pacer.rate)
+        if self.pressure.paused:
+            self.route(self.jobs.recall_held(), now)  # no child starts a job on its own under pressure
+        elif self.phase is Phase.RUNNING:
+            for child, entry in self.jobs.holds(self.pool.holding_children(), now):
+                if self.pool.hold_job(child, entry.job, self.jobs.start_by(entry)):
+                    self.jobs.hold(entry, child)
 
     def may_claim(self) -> bool:
         return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
@@ -427,6 +437,7 @@ class Arbiter:
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
         self.membership.heartbeat_soon(now)  # tell the API `draining` now
+        self.route(self.jobs.recall_held(), now)  # held jobs come back, to be handled as reserved ones
 
     def check_drain(self, now: float) -> None:
         if self.cfg.until_empty and self.phase is Phase.RUNNING and self.jobs.exhausted():
@@ -557,7 +568,8 @@ class Arbiter:
             "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
             "children_down_secs": round(now - self.children_up_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(), "queues": self.jobs.by_queue(),
+            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
+            "held": self.jobs.held(), "queues": self.jobs.by_queue(),
             "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
             "requests_per_job": round(self.pacer.sent / self.jobs.settled, 3) if self.jobs.settled else None,
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,

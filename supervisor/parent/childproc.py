@@ -61,6 +61,8 @@ class Child:
     keeper_pid: int | None = None  # the keeper of its process group, as the child reported when ready
     state: ChildState = ChildState.STARTING
     job_id: str | None = None  # the job it runs now
+    held_id: str | None = None  # the job sent ahead, which it starts when the running one ends
+    recalling: bool = False  # a `drop` for the held job is on its way
     jobs_done: int = 0
     replace_reason: str | None = None  # replace it once idle, for this reason (reload, max_jobs, max_memory, resize)
     stop_reason: str | None = None  # why it was asked to stop
@@ -89,12 +91,51 @@ class Child:
         self.state, self.job_id = ChildState.BUSY, job["id"]
         return True
 
-    def finish_job(self) -> None:
-        """The child answered for its job."""
+    def hold_job(self, job: dict, start_by: float) -> bool:
+        """Send `job` ahead to this busy child, to start when its job ends if that is before `start_by`
+        (monotonic), else to give back; False if its socket is gone."""
+        try:
+            self.chan.send({"t": "job", "job": job, "held": True, "start_by": start_by})
+        except OSError:
+            return False
+        self.held_id, self.recalling = job["id"], False
+        return True
+
+    def recall_job(self, job_id: str) -> bool:
+        """Ask for the held job `job_id` back (`dropped`), unless it started meanwhile; True if asked."""
+        if self.held_id != job_id or self.recalling:
+            return False
+        try:
+            self.chan.send({"t": "drop", "id": job_id})
+        except OSError:
+            return False  # it is dying: the reap returns the job
+        self.recalling = True
+        return True
+
+    def finish_job(self, next_id: str | None = None) -> None:
+        """The child answered for its job; `next_id` is the held job it started at once."""
         self.jobs_done += 1
         self.job_id = None
         self.over_cap = 0
-        if self.state is ChildState.BUSY:
+        if next_id is not None:
+            self.job_started(next_id)
+        self._idle_if_free()
+
+    def job_started(self, job_id: str) -> None:
+        """The child started its held job."""
+        if self.held_id == job_id:
+            self.held_id, self.recalling = None, False
+        if self.state is not ChildState.STOPPING:
+            self.job_id = job_id
+
+    def job_returned(self, job_id: str) -> None:
+        """The child gave its held job back unstarted."""
+        if self.held_id == job_id:
+            self.held_id, self.recalling = None, False
+        self._idle_if_free()
+
+    def _idle_if_free(self) -> None:
+        if self.state is ChildState.BUSY and self.job_id is None and self.held_id is None:
             self.state = ChildState.IDLE
 
     def mark_for_replacement(self, reason: str) -> bool:
@@ -160,6 +201,13 @@ class Child:
     @property
     def busy(self) -> bool:
         return self.state is ChildState.BUSY
+
+    @property
+    def may_hold(self) -> bool:
+        """Busy with a job, holding none, and staying after it (not due for replacement or a reload, not at its
+        job quota): it may be sent its next job."""
+        return (self.state is ChildState.BUSY and self.job_id is not None and self.held_id is None
+                and self.replace_reason is None and not (self.job_quota and self.jobs_done + 1 >= self.job_quota))
 
     @property
     def starting(self) -> bool:

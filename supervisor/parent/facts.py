@@ -24,6 +24,23 @@ class JobDone:
 
 
 @dataclass(frozen=True)
+class JobStarted:
+    """A child started the job it held, at `at` (time.monotonic() in the child)."""
+
+    slot: int
+    job_id: str
+    at: float
+
+
+@dataclass(frozen=True)
+class JobReturned:
+    """A child gave back its held job unstarted (asked to, or it ended): the job waits for a child again."""
+
+    slot: int
+    job_id: str
+
+
+@dataclass(frozen=True)
 class ChildReady:
     """A child imported the handler and waits for work; `first` when it is the daemon's first."""
 
@@ -48,6 +65,14 @@ class StopJob:
     slot: int
     job_id: str
     reason: str
+
+
+@dataclass(frozen=True)
+class RecallJob:
+    """The job flow wants the held job `job_id` back from the child on `slot` (lease lost, a drain)."""
+
+    slot: int
+    job_id: str
 
 
 @dataclass(frozen=True)
@@ -112,8 +137,8 @@ class Listening:
     live: bool
 
 
-Fact = (JobDone | ChildReady | ChildLost | StopJob | Fatal | ExitNow | Registered | TakenOver | DrainAsked | HandBack
-        | ShedJob)
+Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
+        | TakenOver | DrainAsked | HandBack | ShedJob)
 Heard = WorkCreated | Listening  # what the events stream tells the job flow
 
 

@@ -37,8 +37,9 @@ class Entry:
     claimed_at: float
     lease_until: float  # when the lease runs out unless renewed
     renew_at: float  # when to renew it next
-    slot: int | None = None  # the child running it; None while waiting for a child or reporting
+    slot: int | None = None  # the child running (or holding) it; None while waiting for a child or reporting
     pid: int | None = None  # that child's pid
+    held: bool = False  # sent ahead to the busy child on `slot`, not started yet
     started_at: float | None = None
     timeout_at: float | None = None  # its timeout_seconds from when a child started it
     outcome: Outcome | None = None  # once the child is done with it
@@ -69,6 +70,8 @@ class InFlight:
         self.renew_every = max(1.0, lease_secs / 3.0)
         self.jobs: dict[str, Entry] = {}
         self._waiting: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
+        self._held: dict[str, Entry] = {}  # the entries of `jobs` sent ahead to a busy child, not started yet
+        self._running: dict[int, Entry] = {}  # slot -> the entry its child runs (started, no outcome yet)
         self._bound = math.inf  # no deadline of any entry is earlier (see the module docstring)
 
     def __len__(self) -> int:
@@ -90,15 +93,40 @@ class InFlight:
 
     def pop(self, job_id: str) -> Entry | None:
         self._waiting.pop(job_id, None)
-        return self.jobs.pop(job_id, None)
+        self._held.pop(job_id, None)
+        entry = self.jobs.pop(job_id, None)
+        if entry is not None:
+            self._not_running(entry)
+        return entry
+
+    def _not_running(self, entry: Entry) -> None:
+        if entry.slot is not None and self._running.get(entry.slot) is entry:
+            del self._running[entry.slot]
 
     def _not_waiting(self, entry: Entry) -> None:
         if self._waiting.get(entry.id) is entry:
             del self._waiting[entry.id]
+        if self._held.get(entry.id) is entry:
+            del self._held[entry.id]
+        entry.held = False
 
     # -- the job's life --
+    def hold(self, entry: Entry, slot: int, pid: int | None) -> None:
+        """`entry` was sent ahead to the busy child on `slot`; it starts (`start`) or comes back (`unhold`)."""
+        self._not_waiting(entry)
+        entry.slot, entry.pid, entry.held = slot, pid, True
+        self._held[entry.id] = entry
+
+    def unhold(self, entry: Entry) -> None:
+        """The child gave `entry` back unstarted: it waits for a child again (its lease deadline included)."""
+        self._not_waiting(entry)
+        entry.slot = entry.pid = None
+        self._waiting[entry.id] = entry
+        self._lower(self._renewal_deadline(entry))
+
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
         self._not_waiting(entry)
+        self._running[slot] = entry
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
@@ -108,12 +136,14 @@ class InFlight:
         """The child is done with it (or was stopped): record how and for how long; what is left is
         telling the API."""
         self._not_waiting(entry)
+        self._not_running(entry)
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
         if entry.started_at is not None:
             entry.duration = now - entry.started_at
 
     def replace_outcome(self, entry: Entry, outcome: Outcome) -> None:
         self._not_waiting(entry)
+        self._not_running(entry)
         entry.outcome = outcome
 
     # -- reports --
@@ -151,6 +181,17 @@ class InFlight:
     def waiting_count(self) -> int:
         return len(self._waiting)
 
+    def held(self) -> list[Entry]:
+        """Jobs sent ahead to busy children and not started yet."""
+        return list(self._held.values())
+
+    def held_count(self) -> int:
+        return len(self._held)
+
+    def running(self) -> list[Entry]:
+        """Jobs a child runs now (started, no outcome yet)."""
+        return list(self._running.values())
+
     def renewals_due(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if not e.renewing and e.renew_at <= now]
 
@@ -158,10 +199,8 @@ class InFlight:
         return [e for e in self.jobs.values() if e.timeout_at is not None and e.timeout_at <= now and e.outcome is None]
 
     def on_child(self, slot: int) -> Entry | None:
-        for e in self.jobs.values():
-            if e.slot == slot and e.outcome is None:
-                return e
-        return None
+        """The job the child on `slot` runs, if any (not the one it holds)."""
+        return self._running.get(slot)
 
     # -- deadlines --
     def _lower(self, t: float | None) -> None:
@@ -169,11 +208,11 @@ class InFlight:
             self._bound = t
 
     def _renewal_deadline(self, e: Entry) -> float | None:
-        """The renewal, or for a waiting job its lease's end if sooner (a renewal retried past it): then
-        `enforce` drops the job. None while a renewal is on the wire."""
+        """The renewal, or for a job not started its lease's end if sooner (a renewal retried past it):
+        then `enforce` drops the job. None while a renewal is on the wire."""
         if e.renewing:
             return None
-        return min(e.renew_at, e.lease_until) if self._waiting.get(e.id) is e else e.renew_at
+        return min(e.renew_at, e.lease_until) if self._waiting.get(e.id) is e or e.held else e.renew_at
 
     def next_deadline(self) -> float | None:
         """When a deadline may next be due: never later than the earliest one (a renewal, a timeout, a

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 
 MAX_CLAIM = 100  # the API's largest `limit`
@@ -21,19 +22,50 @@ SETTLE_SHARE = 0.9  # ... and jobs (one complete each) the rest
 NEED_SLACK_RTTS = 0.5  # next_need_at wakes the loop this many round trips after the need (of the two the
 # horizon covers): a child's answer in between, every few ms with short jobs, claims then at no extra turn
 MAX_STEPS = 32  # next_need_at looks this many starts ahead at most (it costs the loop every turn)
+HOLD_MAX_RUN = 0.25  # seconds: a busy child is sent its next job ahead only when jobs run no longer than
+# this (and its own is expected to end within it), so a long job never waits behind another
 MIN_BATCH_WINDOW = 0.1  # seconds: a claim carries at least this long's starts, so short jobs do not
 # cost a claim each (a claim request costs the API and both processes more CPU than a job's complete)
 
 
 class Ewma:
-    """An exponentially weighted moving average; `value` is None until the first sample."""
+    """An exponentially weighted moving average; `value` is None until the first sample, or a seed."""
 
     def __init__(self, alpha: float = 0.2):
         self.alpha = alpha
         self.value: float | None = None
+        self.seeded = False  # `value` is a prior, not a measure: the first sample replaces it
 
     def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
+        if self.value is None or self.seeded:
+            self.value = sample
+        else:
+            self.value += self.alpha * (sample - self.value)
+        self.seeded = False
+
+    def seed(self, prior: float) -> None:
+        """Start from `prior` until the first sample (never over a measured value)."""
+        if self.value is None:
+            self.value, self.seeded = prior, True
+
+
+class Tail:
+    """A high percentile of the last `window` samples (claim round trips): claims sized and timed on it,
+    not on the mean, so one slow answer in ten does not leave a child without a job. It is held to
+    `cap` times the median, so a stall of a few seconds (the host paused, the API stuck) does not size
+    the next claims for seconds of work. `value` is None until the first sample."""
+
+    def __init__(self, quantile: float = 0.9, window: int = 32, cap: float = 3.0):
+        self.quantile = quantile
+        self.cap = cap
+        self.samples: deque[float] = deque(maxlen=window)
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self.samples.append(sample)
+        ordered = sorted(self.samples)
+        high = ordered[min(len(ordered) - 1, int(self.quantile * len(ordered)))]
+        self.value = min(high, self.cap * ordered[len(ordered) // 2])
 
 
 @dataclass(frozen=True)
@@ -44,7 +76,7 @@ class Need:
     waiting: int  # jobs claimed and not yet started
     remaining: tuple[float, ...]  # for each busy child, its job's expected time left (s); unknown: inf
     procs: int  # children in the pool
-    rtt: float | None  # claim round trip estimate (s)
+    rtt: float | None  # claim round trip estimate (s): a high percentile of those measured
     run_time: float | None  # job run time estimate (s), across the queues served
     prefetch: int | None  # None = auto; 0 = only for idle children; N = at most N reserved
     rate: float | None  # requests/s the daemon may spend, if known
@@ -86,6 +118,36 @@ def claim_size(n: Need) -> int:
     if n.prefetch is not None:
         want = min(want, n.prefetch + n.idle - n.waiting)
     return max(0, min(MAX_CLAIM, want))
+
+
+HISTORY_MIN_JOBS = 20  # a queue's statistics seed its run time when it completed this many jobs in 24 h...
+HISTORY_SHORT = 1.0  # ...taking this long or less on average (seconds): short jobs, claimed ahead from the start
+
+
+def history_run_time(stats: object) -> float | None:
+    """The run time a queue's statistics (`GET /queues/{name}/stats`) suggest for its jobs, if they say
+    they are short: their mean processing time, claim to completion, so an estimate on the long side."""
+    if not isinstance(stats, dict):
+        return None
+    done, mean_ms = stats.get("completed_jobs_24h"), stats.get("avg_processing_time_ms")
+    if not isinstance(done, int) or isinstance(mean_ms, bool) or not isinstance(mean_ms, (int, float)):
+        return None
+    if done < HISTORY_MIN_JOBS or not 0 < mean_ms <= HISTORY_SHORT * 1000:
+        return None
+    return mean_ms / 1000.0
+
+
+def may_hold(run_time: float | None, left: float) -> bool:
+    """Whether a busy child whose job has `left` seconds to run may be sent a job of `run_time` seconds
+    (an estimate; None = unknown) ahead: both short, so the parent's wake-up and the round trip are no
+    longer between the child's jobs, and a held job waits little."""
+    return run_time is not None and run_time <= HOLD_MAX_RUN and left <= HOLD_MAX_RUN
+
+
+def hold_overdue(run_time: float | None, elapsed: float) -> bool:
+    """Whether a child's job has run so far past the estimate (`run_time`) that no job should be sent to
+    wait behind it (its end is no longer in sight)."""
+    return run_time is None or elapsed > run_time + HOLD_MAX_RUN
 
 
 def next_need_at(now: float, n: Need) -> float | None:

@@ -29,13 +29,36 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.childproc import Child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, Fact, Fatal, Followup, Heard, JobDone, Listening, StopJob, Submit
+from supervisor.parent.facts import (
+    ChildLost,
+    Fact,
+    Fatal,
+    Followup,
+    Heard,
+    JobDone,
+    JobReturned,
+    JobStarted,
+    Listening,
+    RecallJob,
+    StopJob,
+    Submit,
+)
 from supervisor.parent.inflight import Entry, InFlight, Outcome
-from supervisor.parent.intake import Ewma, Need, claim_size, next_need_at
+from supervisor.parent.intake import (
+    Ewma,
+    Need,
+    Tail,
+    claim_size,
+    history_run_time,
+    hold_overdue,
+    may_hold,
+    next_need_at,
+)
 from supervisor.parent.wake import SAFETY_POLL
 
 log = logging.getLogger("supervisor")
 
+HELD_LEASE_MARGIN = 1.0  # seconds: a held job is started by its child only this long before its lease ends
 RETRY_JITTER = 0.55  # seconds: the server adds up to 0.5 s to a retry's back-off
 
 
@@ -47,8 +70,14 @@ class QueueIntake:
         self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
+        self.history_asked = False  # its statistics were asked for (once: they may seed `run_time`)
         self.hinted_at = -math.inf  # when the events stream last announced a job here
         self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
+
+    def ask_history(self) -> bool:
+        """True the first time only: its statistics are asked for once."""
+        asked, self.history_asked = self.history_asked, True
+        return not asked
 
     def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
                  sent_at: float = -math.inf) -> None:
@@ -100,7 +129,7 @@ class JobFlow:
         self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
         self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
         self.claim_failures = 0  # claims in a row that failed
-        self.claim_rtt = Ewma()  # claim round trip (s), measured
+        self.claim_rtt = Tail()  # claim round trip (s): the 90th percentile of the last 32 measured
         self.settled = 0  # jobs whose outcome (complete or fail) the API acknowledged
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
         self.listening = False  # the events stream is live: empty queues are polled slowly
@@ -151,15 +180,20 @@ class JobFlow:
         whether its last claim came back short (`empty`) — for /status, read on the health server's thread, so
         it iterates copies of the tables the loop changes."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
-        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting())):
+        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting()),
+                             ("reserved", self.inflight.held())):
             for e in entries:
                 if e.queue in out:
                     out[e.queue][key] += 1
         return out
 
     def reserved(self) -> int:
-        """Jobs claimed and not yet started: the reserve."""
-        return self.inflight.waiting_count()
+        """Jobs claimed and not yet started: the reserve (those held by busy children included)."""
+        return self.inflight.waiting_count() + self.inflight.held_count()
+
+    def held(self) -> int:
+        """Jobs sent ahead to busy children and not started yet."""
+        return self.inflight.held_count()
 
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
@@ -170,6 +204,16 @@ class JobFlow:
                 "duration": round(duration, 4)}
 
     # ------------------------------------------------------------ what children did
+    def from_child(self, fact: JobDone | JobStarted | JobReturned | ChildLost, now: float) -> list[Fact]:
+        """Act on what a child did with its jobs: answered, started a held one, gave one back, was lost."""
+        if isinstance(fact, JobDone):
+            return self.job_done(fact, now)
+        if isinstance(fact, JobStarted):
+            return self.job_started(fact, now)
+        if isinstance(fact, JobReturned):
+            return self.job_returned(fact, now)
+        return self.child_lost(fact, now)
+
     def job_done(self, fact: JobDone, now: float) -> list[Fact]:
         """A child answered for its job: record the outcome; `send_reports` tells the API."""
         entry = self.inflight.get(fact.job_id)
@@ -193,6 +237,26 @@ class JobFlow:
         self._fail(entry, fact.error, now, fact.outcome)
         return []
 
+    def job_started(self, fact: JobStarted, now: float) -> list[Fact]:
+        """A child started the job it held (at `fact.at`): its timeout counts from then. A job no longer
+        held for that child (its lease was lost meanwhile) has its child stopped."""
+        entry = self.inflight.get(fact.job_id)
+        if entry is None or not entry.held or entry.slot != fact.slot:
+            log_event(log, WARNING, "a child started a job no longer held for it; stopping it", job_id=fact.job_id,
+                      slot=fact.slot)
+            return [StopJob(fact.slot, fact.job_id, "lease_lost")]
+        self._start(entry, fact.slot, entry.pid, fact.at)
+        return []
+
+    def job_returned(self, fact: JobReturned, now: float) -> list[Fact]:
+        """A child gave back its held job unstarted: it waits for a child again."""
+        entry = self.inflight.get(fact.job_id)
+        kept = entry is not None and entry.held and entry.slot == fact.slot
+        if entry is not None and kept:
+            self.inflight.unhold(entry)
+        log_event(log, DEBUG, "held job returned", job_id=fact.job_id, slot=fact.slot, kept=kept)
+        return []
+
     def hand_back_reserved(self, error: str, now: float) -> int:
         """Give every reserved job (claimed, not started) back to the queue, failed with `error` (the API has
         no release: a fail puts it back, to be retried, by this worker or another); return how many."""
@@ -204,7 +268,9 @@ class JobFlow:
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
         """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
-        return list(zip(idle, self.inflight.waiting(), strict=False)) if self.starting else []
+        if not self.starting or not idle or not self.inflight.waiting_count():
+            return []
+        return list(zip(idle, self.inflight.waiting(), strict=False))
 
     def stop_starting(self) -> None:
         """Hand no more waiting jobs to children. They stay held (leases renewed) until deregistering hands
@@ -212,8 +278,53 @@ class JobFlow:
         spend one of its retries."""
         self.starting = False
 
+    def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
+        """Which busy child (of those that may hold one) is sent which waiting job ahead, to start it the
+        moment its own job ends: only jobs of queues whose jobs are short, for children whose job is
+        expected to end soon, the soonest first; never with --prefetch 0 or after stop_starting."""
+        if self.cfg.prefetch == 0 or not self.starting or not busy or not self.inflight.waiting_count():
+            return []
+        ready = []
+        for c in busy:
+            job = self.inflight.on_child(c.slot)
+            ready.append((self._time_left(job, now, overdue=True) if job is not None else math.inf, c.slot, c))
+        ready.sort()
+        out = []
+        children = iter(ready)
+        for entry in self.inflight.waiting():
+            intake = self.queues.get(entry.queue)
+            if intake is None or not may_hold(intake.run_time.value, 0.0):
+                continue
+            remaining, _, child = next(children, (math.inf, 0, None))
+            if child is None or not may_hold(intake.run_time.value, remaining):
+                break
+            out.append((child, entry))
+        return out
+
+    def start_by(self, entry: Entry) -> float:
+        """The latest time a child may start the held `entry` on its own: a margin before its lease (as
+        last renewed) runs out. Later, the child gives it back and the parent decides."""
+        return entry.lease_until - min(HELD_LEASE_MARGIN, self.cfg.lease / 10.0)
+
+    def hold(self, entry: Entry, child: Child) -> None:
+        """`entry` was sent ahead to the busy `child`."""
+        self.inflight.hold(entry, child.slot, child.pid)
+        log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
+
+    def _overdue(self, e: Entry, now: float) -> bool:
+        intake = self.queues.get(e.queue)
+        return e.started_at is not None and hold_overdue(intake.run_time.value if intake else None,
+                                                         now - e.started_at)
+
+    def recall_held(self) -> list[Fact]:
+        """Ask for every held job back (a drain begins: no child starts a job on its own from now on)."""
+        return [RecallJob(e.slot, e.id) for e in self.inflight.held() if e.slot is not None]
+
     def started(self, entry: Entry, child: Child, now: float) -> None:
-        self.inflight.start(entry, child.slot, child.pid, now)
+        self._start(entry, child.slot, child.pid, now)
+
+    def _start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
+        self.inflight.start(entry, slot, pid, now)
         waits = self.reserve_waits
         waits.append(now - entry.claimed_at)
         if len(waits) > 1000:
@@ -236,9 +347,23 @@ class JobFlow:
         self.claim_inflight = True
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
+        if self.cfg.prefetch != 0 and not rate and intake.run_time.value is None and intake.ask_history():
+            self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
+                                                                         lambda now: []))
+
+    def on_history(self, intake: QueueIntake, stats, error, now: float) -> list[Fact]:
+        """A queue's statistics (asked with its first claim while no run time is known, unless requests
+        are scarce: --prefetch 0, a request budget): when they say its jobs are short, their mean seeds
+        the run time, so the next claims reach ahead (claim_size) before any job of this daemon ends."""
+        seed = history_run_time(stats) if error is None else None
+        if seed is not None:
+            intake.run_time.seed(seed)
+            log_event(log, DEBUG, "run time seeded from the queue's statistics", queue=intake.name,
+                      run_time=round(seed, 4))
+        return []
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
-        return Need(idle=idle, waiting=self.inflight.waiting_count(), remaining=self._busy_remaining(now),
+        return Need(idle=idle, waiting=self.reserved(), remaining=self._busy_remaining(now),
                     procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
                     prefetch=self.cfg.prefetch, rate=rate)
 
@@ -249,14 +374,16 @@ class JobFlow:
 
     def _busy_remaining(self, now: float) -> tuple[float, ...]:
         """Expected seconds left of each running job (inf where its queue has no estimate yet)."""
-        out = []
-        for e in self.inflight.jobs.values():
-            if e.slot is None or e.outcome is not None:
-                continue  # waiting for a child, or done
-            intake = self.queues.get(e.queue)
-            est = intake.run_time.value if intake is not None else None
-            out.append(math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now))
-        return tuple(out)
+        return tuple(self._time_left(e, now) for e in self.inflight.running())
+
+    def _time_left(self, e: Entry, now: float, overdue: bool = False) -> float:
+        """Expected seconds left of the running job `e` (inf where its queue has no estimate yet, and with
+        `overdue` where it has run well past it)."""
+        if overdue and self._overdue(e, now):
+            return math.inf
+        intake = self.queues.get(e.queue)
+        est = intake.run_time.value if intake is not None else None
+        return math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now)
 
     def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
         self.claim_inflight = False
@@ -399,7 +526,7 @@ class JobFlow:
         if not self.inflight.due(now):
             return []
         facts: list[Fact] = []
-        for entry in self.inflight.waiting():
+        for entry in self.inflight.waiting() + self.inflight.held():
             if entry.lease_until <= now and not entry.renewing:
                 # The loop did not run for longer than the lease (the host paused, the API unreachable):
                 # the server has re-queued the job, so this copy must never reach a child.
@@ -456,7 +583,9 @@ class JobFlow:
         self.inflight.pop(entry.id)
         self.hooks.job_finished(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
-        return [StopJob(entry.slot, entry.id, "lease_lost")] if entry.slot is not None else []
+        if entry.slot is None:
+            return []
+        return [RecallJob(entry.slot, entry.id) if entry.held else StopJob(entry.slot, entry.id, "lease_lost")]
 
     def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""

@@ -23,7 +23,7 @@ from supervisor.ops.logs import log_event
 from supervisor.ops.procmem import TreeMemory, tree_memory
 from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.events import NullHooks
-from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone
+from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobStarted
 
 log = logging.getLogger("supervisor")
 
@@ -35,6 +35,11 @@ CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a r
 DEGRADED_FOR = 60.0  # `degraded` this long after a boot failure, or while 3 crashes fall in it
 MAX_PROCS = 1000
 EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
+
+
+def _number(value, default: float) -> float:
+    """A time a child sent, never later than `default` (now); `default` if it sent none."""
+    return min(float(value), default) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 class HandlerImportFailed(Exception):
@@ -69,6 +74,10 @@ class ChildPool:
     def idle_children(self) -> list[Child]:
         """Children that may take a job now (one due for a reload still works until its turn comes)."""
         return [c for c in self.children.values() if c.idle and c.replace_reason in (None, "reload")]
+
+    def holding_children(self) -> list[Child]:
+        """Busy children that may be sent their next job now, to start when theirs ends."""
+        return [c for c in self.children.values() if c.may_hold]
 
     def busy_count(self) -> int:
         return sum(1 for c in self.children.values() if c.busy)
@@ -126,6 +135,20 @@ class ChildPool:
             return False
         self._watch_writes(child)
         return True
+
+    def hold_job(self, child: Child, job: dict, start_by: float) -> bool:
+        """Send `job` ahead to a busy child, to start before `start_by`; False if it could not take it."""
+        if not child.hold_job(job, start_by):
+            return False
+        self._watch_writes(child)
+        return True
+
+    def recall_job(self, slot: int, job_id: str) -> None:
+        """Ask the child on `slot` to give back its held job `job_id` (answered by a `JobReturned`, or a
+        `JobStarted` if it had started it)."""
+        child = self.children.get(slot)
+        if child is not None and child.recall_job(job_id):
+            self._watch_writes(child)
 
     def stop_job_child(self, slot: int, job_id: str, reason: str, now: float) -> None:
         """Stop the child on `slot` if it still runs `job_id` (SIGTERM, then SIGKILL after the grace)."""
@@ -196,7 +219,13 @@ class ChildPool:
                 if ready.first and isinstance(msg.get("about"), dict):
                     self._report_handler(msg["about"])
             elif frame == "done":
-                facts.append(self._done(child, msg))
+                facts += self._done(child, msg, now)
+            elif frame == "started" and isinstance(msg.get("id"), str):
+                child.job_started(msg["id"])
+                facts.append(JobStarted(child.slot, msg["id"], _number(msg.get("at"), now)))
+            elif frame == "dropped" and isinstance(msg.get("id"), str):
+                child.job_returned(msg["id"])
+                facts.append(JobReturned(child.slot, msg["id"]))
             elif frame == "boot_error":
                 child.note_boot_error(msg.get("error") or "")
         return facts
@@ -218,6 +247,8 @@ class ChildPool:
         kill_group(child)  # what its handler left in its process group goes too, before any new child starts
         cause = self._death_cause(child)
         was_starting = child.starting or child.stop_reason == "boot_failed"
+        if child.held_id is not None:  # sent ahead and never started: it waits for another child
+            facts.append(JobReturned(child.slot, child.held_id))
         self._forget(child)
         self.restarts[child.slot] = self.restarts.get(child.slot, 0) + 1
         facts.append(ChildLost(child.slot, f"ChildProcessDied: the child process running this job (pid {child.pid}) "
@@ -274,8 +305,10 @@ class ChildPool:
         for text, fields in sdkworker.report(self.cfg.handler, about, given):
             log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
 
-    def _done(self, child: Child, msg: dict) -> JobDone:
-        child.finish_job()
+    def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
+        following = msg.get("next")
+        following = following if isinstance(following, str) else None
+        child.finish_job(following)
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:
@@ -285,7 +318,10 @@ class ChildPool:
                 self.replace(child, "max_memory")
         ok = bool(msg.get("ok"))
         value = msg.get("result") if ok else (msg.get("error") or "Job failed")
-        return JobDone(child.slot, msg.get("id") or "", ok, value)
+        done = JobDone(child.slot, msg.get("id") or "", ok, value)
+        if following is None:
+            return [done]
+        return [done, JobStarted(child.slot, following, _number(msg.get("started"), now))]
 
     def _boot_failed(self, child: Child, cause: str, now: float) -> None:
         failures = self.boot_failures.get(child.slot, 0) + 1

@@ -29,7 +29,19 @@ from support.parent_fakes import (
 from supervisor import exitcodes
 from supervisor.client import rest as api
 from supervisor.parent.arbiter import HANDLED_SIGNALS, Arbiter, Phase
-from supervisor.parent.facts import ChildLost, ChildReady, ExitNow, Fatal, Followup, JobDone, Registered, StopJob
+from supervisor.parent.facts import (
+    ChildLost,
+    ChildReady,
+    ExitNow,
+    Fatal,
+    Followup,
+    JobDone,
+    JobReturned,
+    JobStarted,
+    RecallJob,
+    Registered,
+    StopJob,
+)
 
 T0 = 100.0
 
@@ -109,21 +121,26 @@ def test_route_hands_each_fact_to_the_part_that_acts_on_it(rig, monkeypatch):
     seen: list[tuple[str, object]] = []
 
     def record(name):
-        return lambda fact, *rest: seen.append((name, fact))
+        return lambda fact, *rest: seen.append((name, fact)) or []
 
     monkeypatch.setattr(rig.arb.jobs, "job_done", record("jobs.job_done"))
+    monkeypatch.setattr(rig.arb.jobs, "job_started", record("jobs.job_started"))
+    monkeypatch.setattr(rig.arb.jobs, "job_returned", record("jobs.job_returned"))
     monkeypatch.setattr(rig.arb.jobs, "child_lost", record("jobs.child_lost"))
+    monkeypatch.setattr(rig.arb.pool, "recall_job", lambda slot, job_id: seen.append(
+        ("pool.recall_job", (slot, job_id))))
     monkeypatch.setattr(rig.arb.pool, "stop_job_child", lambda slot, job_id, reason, now: seen.append(
         ("pool.stop_job_child", (slot, job_id, reason))))
     monkeypatch.setattr(rig.arb, "child_ready", record("arbiter.child_ready"))
     monkeypatch.setattr(rig.arb, "fatal", record("arbiter.fatal"))
     monkeypatch.setattr(rig.arb, "finish", lambda code: seen.append(("arbiter.finish", code)))
     facts = [JobDone(0, "a", True, 1), ChildLost(1, "e", "crashed"), StopJob(2, "b", "timeout"), ChildReady(0, True),
-             Fatal(4, "401"), ExitNow(5)]
+             Fatal(4, "401"), ExitNow(5), JobStarted(0, "c", T0), JobReturned(1, "d"), RecallJob(2, "e")]
     rig.arb.route(facts, T0)
     assert seen == [("jobs.job_done", facts[0]), ("jobs.child_lost", facts[1]),
                     ("pool.stop_job_child", (2, "b", "timeout")), ("arbiter.child_ready", facts[3]),
-                    ("arbiter.fatal", facts[4]), ("arbiter.finish", 5)]
+                    ("arbiter.fatal", facts[4]), ("arbiter.finish", 5), ("jobs.job_started", facts[6]),
+                    ("jobs.job_returned", facts[7]), ("pool.recall_job", (2, "e"))]
 
 
 def test_registered_moves_starting_to_running_and_announces_ready_once_all_children_are_up(rig):
