@@ -18,8 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import DevServer, free_port, wait_for_status, wait_until
-from flow_sim import make_cfg
-from intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
+from support.flow_sim import make_cfg
+from support.intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
 
 from supervisor.child import main as child_main
 from supervisor.child import wire
@@ -37,7 +37,7 @@ from supervisor.parent.intake import (
 )
 from supervisor.parent.jobs import JobFlow
 
-RECORD = "tests.handlers_intake:record"
+RECORD = "tests.support.handlers_intake:record"
 
 
 # ------------------------------------------------------------------ the child's job loop, in process
