@@ -1,4 +1,4 @@
-"""The job path under real API conditions: latency (issue 10) and a plan's request budget (issue 16).
+"""The job path under real API conditions: latency and a plan's request budget.
 
     python benchmarks/bench_api.py                    # every section, a few minutes
     python benchmarks/bench_api.py --quick            # fewer jobs
@@ -19,8 +19,8 @@ Sections, each run side by side in one go against dev servers on loopback:
   noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead, REST --prefetch 0, gRPC).
   fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
            makespan / ideal makespan, and how evenly the jobs split.
-  budget   the dev server limits the organization to R requests/s (burst 2R: Spooled's plans, CONTRACT
-           section 9) for R = 5, 25, 100; 20 ms jobs. jobs/s, requests per job and 429s per 100 jobs,
+  budget   the dev server limits the organization to R requests/s (burst 2R, as Spooled's plans
+           allow) for R = 5, 25, 100; 20 ms jobs. jobs/s, requests per job and 429s per 100 jobs,
            counted by the server itself (GET /_dev/stats), for the daemon and the SDK worker.
 
 Progress is read from the dev server's SQLite file directly, so measuring spends no API request.
@@ -258,7 +258,7 @@ def latency_section(args, tmp: str) -> list[dict]:
 
 
 def noop_section(args, tmp: str) -> list[dict]:
-    """No-op jobs on loopback: the parent's CPU per job is the figure (issue 10 target: <= 200 us)."""
+    """No-op jobs on loopback: the parent's CPU per job is the figure (target: <= 200 us)."""
     server = DevServer(tmp, server_flags(), name="noop").start()
     rows = []
     try:

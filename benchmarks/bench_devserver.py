@@ -9,7 +9,7 @@ claim(limit=--batch) -> complete every job, until the queue is drained or
     python benchmarks/bench_devserver.py --jobs 5000 --clients 4               # as fast as it goes
     python benchmarks/bench_devserver.py --jobs 10000 --clients 4 --rate 1000  # latency at 1,000 cycles/s
 
-Targets (issue 2): >= 1000 claim-and-complete cycles/s, p99 claim latency < 20 ms.
+Targets: >= 1000 claim-and-complete cycles/s, p99 claim latency < 20 ms.
 """
 
 from __future__ import annotations

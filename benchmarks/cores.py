@@ -7,7 +7,7 @@ For each row: efficiency (jobs/s / (cores / d)), the cores the whole machine was
 (/proc/stat), and the share of them the children, the parent and the dev server used (their own CPU
 times), plus CPU per job and the requests the server saw by route (GET /_dev/stats). When the machine
 is ~all busy and the children's share equals the efficiency, no child waited for work: what is missing
-is the CPU the parent and the server took on the same cores (issue 10's loopback rows).
+is the CPU the parent and the server took on the same cores (the loopback rows of the latency benchmark).
 Prints a table and one JSON line; `--json PATH` also writes it.
 """
 

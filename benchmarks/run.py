@@ -4,7 +4,7 @@
                                         # and benchmarks/RESULTS.md
     python benchmarks/run.py --quick    # short version (about 30 s)
 
-Sections (issue 6):
+Sections:
   efficiency  M CPU-bound jobs of d ms (5, 20, 100) through the daemon with --procs = cores:
               throughput / ideal (cores / d), beside multiprocessing.Pool on the same function
   sdk         the official SDK's SpooledWorker (concurrency = --procs) on the same jobs: ours / its
@@ -55,8 +55,8 @@ from benchmarks.handlers import burn_ms  # noqa: E402
 
 MIB = 2**20
 API_TARGETS = {(0, 5.0): 0.88, (0, 20.0): 0.95, (0, 100.0): 0.98, (20, 20.0): 0.90, (20, 100.0): 0.95,
-               (50, 20.0): 0.85, (50, 100.0): 0.95}  # issue 10
-BUDGET_TARGETS = {25: 21.0, 5: 4.0}  # issue 16
+               (50, 20.0): 0.85, (50, 100.0): 0.95}  # efficiency targets with API latency
+BUDGET_TARGETS = {25: 21.0, 5: 4.0}  # jobs/s targets under a plan's requests/s
 FINDINGS = "## Findings"
 TARGETS = {"efficiency_20ms": 0.90, "efficiency_100ms": 0.97, "sdk_ratio": 1.8, "parent_cpu_us": 300.0,
            "parent_rss_mib": 60.0}
@@ -436,7 +436,11 @@ def table(r: dict) -> str:
 
 def write_markdown(path: Path, r: dict, text: str) -> None:
     m = r["machine"]
-    body = ["# Daemon benchmarks: latest results", "",
+    body = ["# Benchmark results", "",
+            "Every benchmark figure of the project, dated, with the command that produced it; how to read them: "
+            "[docs/benchmarks.md](../docs/benchmarks.md). This first section is written by `benchmarks/run.py` "
+            "at each full run; the sections from Findings on are written by hand, and run.py keeps them.", "",
+            "## The latest full run (benchmarks/run.py)", "",
             "Command (from the repository root, in the venv):", "", "```", r["command"], "```", "",
             f"Machine: {m['cpu_model']}, {m['cores']} cores; Python {m['python']}; {m['platform']}; run {m['date']} "
             f"({r['elapsed_s']} s).", "",

@@ -1,11 +1,13 @@
-"""The daemon's configuration: flags and environment turned into one validated `Config`.
+"""The daemon's configuration: flags, environment and an optional TOML file turned into one validated `Config`.
 
 `load_config(argv, environ)` either returns a Config or raises ConfigError with one line
 saying what to fix. It does no network I/O and registers nothing.
 
 Every option is one `Option` row: its flag, its environment variable, a parser that turns the text into
 a value (or raises ValueError saying what is allowed) and its default. A flag's value is parsed exactly like
-its variable's, and the error names whichever the value came from.
+its variable's, and the error names whichever the value came from. A TOML file (`--config PATH` or
+SPOOLED_CONFIG) may hold the same settings, keyed by the flag without its dashes (`procs = 8`); precedence is
+flag, variable, file, default.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import os
 import re
 import shlex
 import socket
+import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -32,6 +36,7 @@ from supervisor.ops.deletion_cost import NotInPod, PodRef, in_cluster
 DEFAULT_API_URL = "https://api.spooled.cloud"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
 CREDENTIAL_NAME = "spooled-api-key"
+CONFIG_ENV = "SPOOLED_CONFIG"
 GRPC_EXTRA_HINT = "pip install 'spooled-supervisor[grpc]'"
 PATH_MAX = 4096  # the longest path Linux accepts; error lines show paths up to this whole
 _WORKER_ID_RX = re.compile(r"[^A-Za-z0-9._-]")
@@ -333,7 +338,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     p = OneLineParser(
         prog=f"{cli.program()} [run]",
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
-        "the environment variable shown; a flag beats its variable. The API key comes from SPOOLED_API_KEY, "
+        "the environment variable shown and the --config file's key of the same name (procs = 8); a flag beats "
+        "its variable, which beats the file. The API key comes from SPOOLED_API_KEY, "
         f"--api-key-file, or the systemd credential '{CREDENTIAL_NAME}' - never from a flag value, so it never "
         "shows in ps.",
     )
@@ -342,26 +348,84 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             p.add_argument(opt.flag, action="store_const", const="1", default=None, help=f"{opt.help} ({opt.env})")
         else:
             p.add_argument(opt.flag, default=None, metavar=opt.metavar, help=f"{opt.help} ({opt.env})")
+    p.add_argument("--config", default=None, metavar="PATH", help="TOML file of settings keyed like the flags "
+                   "without the dashes (procs = 8, max-memory-per-child = 512); flags and variables beat it "
+                   f"({CONFIG_ENV})")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
     cli.add_version(p)
     return p
 
 
-def resolve(opt: Option, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Any, str]:
-    """(value, source): the flag's value if given, else the variable's (empty = unset), else the default.
+def resolve(opt: Option, args: argparse.Namespace, environ: Mapping[str, str],
+            from_file: Mapping[str, tuple[str, str]] | None = None) -> tuple[Any, str]:
+    """(value, source): the flag's value if given, else the variable's (empty = unset), else the config file's,
+    else the default. `from_file` maps a dest to (text, source) as `read_config_file` returns it.
 
-    A bad value raises ConfigError naming the flag or the variable, whichever it came from.
+    A bad value raises ConfigError naming the flag, the variable or the file's key, whichever it came from.
     """
     raw = getattr(args, opt.dest)
     source = opt.flag
     if raw is None:
         raw, source = environ.get(opt.env) or None, opt.env
+    if raw is None and from_file and opt.dest in from_file:
+        raw, source = from_file[opt.dest]
     if raw is None:
         return opt.default, "default"
     try:
         return opt.parse(raw), source
     except ValueError as exc:
         raise ConfigError(f"{source} {exc}, got {_shown(raw)}") from None
+
+
+def config_file_path(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(path, source) of the config file: --config, else SPOOLED_CONFIG (empty = unset), else None."""
+    if args.config is not None:
+        return args.config, "--config"
+    if environ.get(CONFIG_ENV):
+        return environ[CONFIG_ENV], CONFIG_ENV
+    return None
+
+
+def read_config_file(path: str, source: str = "--config") -> dict[str, tuple[str, str]]:
+    """The file's settings as {dest: (text, source)}: each value turned into the text its flag would take, so the
+    flag's own parser checks it; the source reads `KEY in PATH`. A file that cannot be read or is not TOML, and
+    a key that is not a flag's name, raise ConfigError naming the file (and the key)."""
+    shown = _shown(path, PATH_MAX)
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source} {shown}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source} {shown} is not valid TOML: {_one_line(str(exc))}") from None
+    by_key = {opt.flag[2:]: opt for opt in OPTIONS}
+    settings: dict[str, tuple[str, str]] = {}
+    for key, value in table.items():
+        if key in by_key:
+            settings[by_key[key].dest] = (_file_text(value, f"{key} in {shown}"), f"{key} in {shown}")
+            continue
+        if key == "api-key":
+            raise ConfigError(f"api-key is not accepted in {shown}: set SPOOLED_API_KEY or name a file of its own "
+                              "with api-key-file")
+        near = get_close_matches(key.replace("_", "-"), list(by_key), n=1)
+        hint = f"did you mean {near[0]}?" if near else "keys are the run flags without the dashes, e.g. procs"
+        raise ConfigError(f"unknown key {_shown(key)} in {shown} ({hint})")
+    return settings
+
+
+def _file_text(value: Any, source: str) -> str:
+    """A TOML value as the text a flag would carry: true/false, numbers as written, a list of names as a,b."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return ",".join(value)
+    raise ConfigError(f"{source} must be a string, a number, true/false or a list of names, got {type(value).__name__}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _shown(raw: str, limit: int = 80) -> str:
@@ -420,8 +484,10 @@ def _require_grpc() -> None:
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    path = config_file_path(args, environ)
+    from_file = read_config_file(*path) if path else {}
     for opt in OPTIONS:
-        values[opt.dest], sources[opt.dest] = resolve(opt, args, environ)
+        values[opt.dest], sources[opt.dest] = resolve(opt, args, environ, from_file)
     if values["handler"] is None:
         raise ConfigError("--handler is required, as package.module:function (or set SPOOLED_HANDLER)")
     url = urlsplit(values["api_url"])

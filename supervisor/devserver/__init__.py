@@ -6,7 +6,7 @@ Modules, one concern each:
   transport -- HTTP/1.1: httptools framing on one I/O thread, handler pool, limits and timeouts
   handlers -- one function per route: validate the request, call the store
   validate -- request-body validation producing the contract's error shapes
-  errors   -- HttpError and the JSON error envelopes of CONTRACT section 2
+  errors   -- HttpError and the JSON error envelopes ({code, message})
   store    -- every SQL statement and transaction (SQLite, WAL)
   sweeps   -- background lease recovery and stale-worker reaper
   faults   -- fault injection and per-org rate limiting

@@ -72,7 +72,7 @@ NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
 
 
 class Router:
-    """Static paths first, then templates with `{param}` segments; 404 / 405 as CONTRACT section 2.
+    """Static paths first, then templates with `{param}` segments; 404 / 405 in the API's error envelope.
 
     Templates are found by one dict lookup per "shape" (segment count and parameter positions): the
     path's segments with the parameter positions blanked out are the key. Among matching templates

@@ -1,4 +1,4 @@
-"""HttpError and the JSON error envelopes of CONTRACT section 2.
+"""HttpError and the JSON error envelopes the Spooled API answers with.
 
 Every error leaves the server as JSON with at least `code` and `message`;
 validation errors add `details` (a list of {field, message, code}).
@@ -74,7 +74,7 @@ def invalid_json(message: str, code: str = "invalid_json") -> HttpError:
 
 
 def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> HttpError:
-    """429 QUOTA_EXCEEDED for a plan limit (CONTRACT section 2)."""
+    """429 QUOTA_EXCEEDED for a plan limit (the API's 429 envelope)."""
     upgrade = {"free": "starter", "starter": "pro", "pro": "enterprise"}.get(plan)
     extra = {"error": "limit_exceeded", "resource": resource, "current": current, "limit": limit, "plan": plan}
     msg = f"{resource} limit reached ({current}/{limit})."

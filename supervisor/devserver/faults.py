@@ -7,7 +7,7 @@ Faults apply only to /api/v1 routes (never /health* or /_dev/faults):
   cut        -- fraction of requests handled (the write commits) whose response is cut off:
                 the status line and headers are sent, then half the body, then the socket closes.
 The rate limiter is a token bucket per organization (rps, burst); a refusal gives
-429 RATE_LIMIT_EXCEEDED with Retry-After and the body of CONTRACT section 2.
+429 RATE_LIMIT_EXCEEDED with Retry-After and the API's error body.
 `RequestStats` counts /api/v1 requests per organization and route, and the 429s among them, for
 `GET /_dev/stats` (benchmarks read the server's own figure of requests per job from it).
 """

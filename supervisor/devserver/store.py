@@ -469,7 +469,7 @@ class Store:
         return rows, expires
 
     def _classify_miss(self, db, org, job_id, worker_id, now, expired_msg):
-        """CONTRACT 4.5: why a fenced update touched no row."""
+        """Why a fenced update (job id, worker and lease id must all match) touched no row."""
         row = db.execute("SELECT status, lease_expires_at, lease_id FROM jobs WHERE id=? AND organization_id=? "
                          "AND assigned_worker_id=?", (job_id, org, worker_id)).fetchone()
         if not row:

@@ -3,7 +3,7 @@
 Every `lease_interval` seconds: processing jobs whose lease has expired go back
 to `pending` with retry_count+1 (or are dead-lettered). Every `worker_interval`
 seconds: workers with no heartbeat for `offline_after` seconds go `offline` and
-their processing jobs are recovered (CONTRACT 3.6). Errors are logged, never fatal.
+their processing jobs are recovered (back to `pending`). Errors are logged, never fatal.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Each daemon puts `instance_metadata()` into its registration and heartbeat metadata. Before
 registering, `commands/run.py` reads the worker row and asks `other_live_instance`; while running,
 the membership asks `taken_over_by` after its own heartbeat. Both decisions are pure: they take the
-worker row as `GET /api/v1/workers/{id}` returns it (CONTRACT §3.5: `status`, `last_heartbeat`,
-`metadata`) and the current wall-clock time.
+worker row as `GET /api/v1/workers/{id}` returns it (its `status`, `last_heartbeat` and
+`metadata` fields) and the current wall-clock time.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-DEFAULT_HEARTBEAT_INTERVAL = 10.0  # the API's default (CONTRACT §3.1), used when the row does not say
+DEFAULT_HEARTBEAT_INTERVAL = 10.0  # the API's default heartbeat interval, used when the row does not say
 RECENT_INTERVALS = 2.0  # a heartbeat this many intervals old or newer is recent
 WAIT_INTERVALS = 1.25  # watch a recent heartbeat this many intervals (plus WAIT_SLACK) for it to advance
 WAIT_SLACK = 1.0

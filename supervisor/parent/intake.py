@@ -1,4 +1,4 @@
-"""How many jobs to claim, and when: claim just ahead of need (issue 10), in batches (issue 16).
+"""How many jobs to claim, and when: claim just ahead of need, in batches.
 
 Pure decisions on numbers the job flow measures; no I/O. The idea is Little's law: a child that
 will be free within about one claim round trip should find a job waiting, so the reserve of

@@ -1,8 +1,8 @@
-"""Keep the daemon's API requests under the organization's rate (issue 16).
+"""Keep the daemon's API requests under the organization's rate.
 
 A token bucket in front of the loop's HTTP client. The rate is `--max-rps` when given, otherwise
 unknown (no pacing) until the API answers 429: then it is learned from the answer's `limit` (the
-plan's requests per second, CONTRACT section 9), less a 5% margin. A 429 while already pacing at
+plan's requests per second), less a 5% margin. A 429 while already pacing at
 that rate means someone else spends the same plan (another replica): the rate drops by a fifth,
 and creeps back up towards the plan's limit while no 429 comes. Without a `limit` in the answer
 the rate is 90% of what the daemon was sending. 429s within ECHO_WINDOW of a change answer requests

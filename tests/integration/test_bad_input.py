@@ -1,4 +1,4 @@
-"""Issue 4, bad input: results JSON can't encode, results too large (for the daemon or for the server),
+"""Bad input: results JSON can't encode, results too large (for the daemon or for the server),
 payloads the handler doesn't expect, payloads of several MiB. Each job ends with a clear error (or,
 for a big payload the handler does expect, its result) and the daemon carries on with the same children.
 """

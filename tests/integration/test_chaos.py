@@ -1,4 +1,4 @@
-"""Issue 4, the chaos run in the suite: 500 CPU-bound jobs while children are SIGKILLed every
+"""The chaos run in the suite: 500 CPU-bound jobs while children are SIGKILLed every
 0.2-0.5 s and the dev server answers 10% of requests with 503 and delays half of them by 20 ms.
 
 The figures come from the server's own records (benchmarks/chaos.py does the work; run it by hand

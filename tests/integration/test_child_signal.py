@@ -1,6 +1,6 @@
 """Stopping a child is cooperative first: `ctx.signal` (the official SDK's abort signal) is set and the
-handler's `finally` blocks run, then the child dies of SIGTERM as before (issue 9: make JobContext.signal
-real)."""
+handler's `finally` blocks run, then the child dies of SIGTERM as before (JobContext.signal is
+a real event)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Claim just ahead of need (issue 10), end to end: the real dev server and the real daemon.
+"""Claim just ahead of need, end to end: the real dev server and the real daemon.
 
 A job is *reserved* when the daemon holds it (the server says `processing`, assigned to the worker)
 and no child runs it yet. The reliable way to get one: a few short jobs teach the daemon a short run

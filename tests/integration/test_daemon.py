@@ -1,4 +1,4 @@
-"""Integration tests of the daemon (issue 3): the real dev server, the daemon as a subprocess,
+"""Integration tests of the daemon: the real dev server, the daemon as a subprocess,
 real children and real signals; every assertion reads job and worker state back from the server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 12, safe on real hosts: no orphaned grandchildren, one live daemon per worker id, several daemons
+"""Safe on real hosts: no orphaned grandchildren, one live daemon per worker id, several daemons
 per host (the systemd template unit), a Kubernetes manifest sized by the cgroup quota.
 
 Processes started by handlers carry HOSTS_TEST_MARKER=<uuid> in their environment (tests/support/handlers_hosts.py),

@@ -1,4 +1,4 @@
-"""Every way a lease is lost, end to end (issue 15): the real daemon, the real dev server told to lose
+"""Every way a lease is lost, end to end: the real daemon, the real dev server told to lose
 the lease on demand (POST /_dev/leases/{id}/expire | steal), and the outcome read back from the server.
 
 In each case: the child running the lost copy is stopped (or, if it had finished, its result dropped),

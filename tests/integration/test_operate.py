@@ -1,4 +1,4 @@
-"""Operating the real daemon (issue 5): systemd notify, health port and metrics, logs, SIGHUP and resize."""
+"""Operating the real daemon: systemd notify, health port and metrics, logs, SIGHUP and resize."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Close to one request per job, and pacing under a rate limit (issue 16), end to end: the real dev
+"""Close to one request per job, and pacing under a rate limit, end to end: the real dev
 server (its own count of requests per organization, GET /_dev/stats) and the real daemon.
 
 The in-process side (priorities, Retry-After against a due renewal, learning the rate) is in

@@ -1,7 +1,7 @@
 """The dev server's queue read routes, `GET /api/v1/queues` and `GET /api/v1/queues/{name}/stats`.
 
 They answer as the real server's `src/api/handlers/queues.rs` at v0.1.114 (commit dc8bbe0) does, with the
-field names of CONTRACT.md section 13 item 16 and openapi `QueueStats`: an unknown queue gets zeros (the
+field names of the API's `QueueStats` schema (`queue_name`, `pending_jobs`, ...): an unknown queue gets zeros (the
 route never answers 404), a malformed name 400 BAD_REQUEST, a missing or wrong key 401.
 """
 

@@ -1,4 +1,4 @@
-"""Issue 4, an API that is slow, failing or refusing: outages, timeouts, 503s, cut answers, 429, 401, 409.
+"""An API that is slow, failing or refusing: outages, timeouts, 503s, cut answers, 429, 401, 409.
 
 The real daemon against the real dev server (stopped, restarted, or told to misbehave through its
 fault switches); outcomes are read back from the server's records, exit codes and the daemon's log.

@@ -1,4 +1,4 @@
-"""Issue 4, children that die or misbehave: crashes, boot loops, runaway handlers, recycling, parent SIGKILL.
+"""Children that die or misbehave: crashes, boot loops, runaway handlers, recycling, parent SIGKILL.
 
 Every test runs the real daemon against the real dev server and reads the outcome back from the
 server (job status, last_error, retry_count, worker row) and from the daemon's JSON log lines.

@@ -1,4 +1,4 @@
-"""Issue 4, security: the API key never leaks (logs, titles, argv, exception text, children's environment);
+"""Security: the API key never leaks (logs, titles, argv, exception text, children's environment);
 TLS verification stays on (--ca-bundle for a private CA); plain http:// off loopback is refused.
 """
 

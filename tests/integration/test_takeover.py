@@ -1,4 +1,4 @@
-"""A running daemon whose worker id is taken over by a newer instance yields (issue 12), and heartbeat
+"""A running daemon whose worker id is taken over by a newer instance yields, and heartbeat
 answers of the documented shape are followed.
 
 The takeover is staged the way it happens: a newer daemon's heartbeat lands on the row, carrying its

@@ -1,5 +1,6 @@
-"""The pytest plugin `supervisor.testing`: the README's example run as written, the fixture, and `run_jobs`
-under the real daemon (real children, real framing), including how it fails and that it leaves nothing running."""
+"""The pytest plugin `supervisor.testing`: the documented example (docs/testing.md) run as written, the fixture,
+and `run_jobs` under the real daemon (real children, real framing), including how it fails and that it leaves
+nothing running."""
 
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def readme_files() -> dict[str, str]:
-    """The README's example files: every python block whose first line is `# <path>.py`."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Testing your handlers", 1)[1].split("\n## ", 1)[0]
+def example_files() -> dict[str, str]:
+    """The documented example files (docs/testing.md): every python block whose first line is `# <path>.py`."""
+    page = (ROOT / "docs" / "testing.md").read_text()
+    section = page.split("## Testing your handlers", 1)[1].split("\n## ", 1)[0]
     files = {}
     for block in re.findall(r"```python\n(.*?)```", section, re.S):
         first = block.splitlines()[0]
@@ -60,8 +61,8 @@ def test_the_plugin_is_loaded_through_its_entry_point(pytestconfig):
     assert pytestconfig.pluginmanager.get_plugin("spooled") is supervisor.testing
 
 
-def test_the_readme_example_passes_as_written(tmp_path):
-    files = readme_files()
+def test_the_documented_example_passes_as_written(tmp_path):
+    files = example_files()
     assert sorted(files) == ["mypackage/jobs.py", "tests/test_jobs.py"]
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Burst mode (issue 14): `--until-empty` / SPOOLED_UNTIL_EMPTY runs a queue's backlog, then exits 0.
+"""Burst mode: `--until-empty` / SPOOLED_UNTIL_EMPTY runs a queue's backlog, then exits 0.
 
 The daemon claims until a claim finds nothing and no job is in flight, drains, deregisters and exits,
 which is what deploy/k8s/job.yaml relies on.

@@ -1,4 +1,4 @@
-"""Claim just ahead of need (issue 10) and batched claims (issue 16), decided on numbers with a fake clock.
+"""Claim just ahead of need and batched claims, decided on numbers with a fake clock.
 
 First each sizing decision of supervisor.parent.intake on its own, then the real JobFlow in a
 deterministic loop (tests/support/flow_sim.py: fake children, an API one round trip away) to check what

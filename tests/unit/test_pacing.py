@@ -1,4 +1,4 @@
-"""Pacing under a request budget (issue 16), decided with a fake clock: the real Pacer alone, the real
+"""Pacing under a request budget, decided with a fake clock: the real Pacer alone, the real
 JobFlow behind it (a 429's Retry-After against a due renewal), and both in the deterministic loop of
 tests/support/flow_sim.py against a fake API with the dev server's token bucket. Last, the Pacer alone
 again from its first call at T1: priorities, tokens, and what a 429 teaches it.
@@ -164,7 +164,7 @@ def test_a_429_while_pacing_at_the_plans_rate_means_a_shared_plan_then_the_rate_
 
 
 def test_answers_to_requests_sent_before_pacing_began_are_not_taken_for_a_shared_plan():
-    """With completes, renewals and a claim on the wire together (issue 10's overlap), one burst past the
+    """With completes, renewals and a claim on the wire together (calls overlap), one burst past the
     plan's bucket comes back as several 429s at once. Only the first says something new; the others
     answer requests sent before the daemon paced at all, so they must not cut the rate again."""
     pacer = Pacer(Wire())
