@@ -2,8 +2,11 @@
 
 Every helper polls for a condition with a deadline; none sleeps a fixed time. Every DevServer and
 Daemon started during a test is ended, with its whole process group, when the test ends, however it
-ends (`_owned_processes`); subprocesses get a TMPDIR of their own, removed afterwards, and write no
-bytecode into the checkout. In CI (CI set), a skip whose reason is not in EXPECTED_SKIPS fails the run.
+ends (`_owned_processes`), and so is every other process the test started, however deep and whatever
+session it moved to (the demo, a benchmark, a nested pytest and what they start): each carries the test's
+OWNER_VARIABLE in its environment. Subprocesses get a TMPDIR of their own, removed afterwards, and write no
+bytecode into the checkout. In CI (CI set), a skip whose reason is not in EXPECTED_SKIPS fails the run,
+a whole module skipped at collection (a module-level importorskip) included.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -62,46 +66,80 @@ def end_process_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
         pass
 
 
-@pytest.fixture
-def _cores(request, tmp_path_factory):
+CORES_WAIT_SECS = 900.0  # the longest a test waits for the cores lock (outside its own timeout)
+_CORES_UNAVAILABLE = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
     """Under pytest-xdist, a test marked `exclusive` (it keeps both cores busy and its outcome depends on
     getting them: the chaos runs, the benchmark runs) runs while no other test does; the others share.
 
     Two flock(2)ed files in the directory every worker of the session shares: the others hold `cores`
     shared; an exclusive test takes `turnstile`, which the others pass through before they take `cores`
-    (so they cannot keep it from ever being free), then holds `cores` exclusively. Serially: nothing."""
+    (so they cannot keep it from ever being free), then holds `cores` exclusively. Serially: nothing.
+    The wait comes before pytest-timeout starts the test's clock (this wrapper runs outside its one), so
+    waiting for the cores never uses up a test's own timeout; it has its own, CORES_WAIT_SECS, after which
+    the test fails saying so (`_cores`) instead of running without the lock."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    shared = tmp_path_factory.getbasetemp().parent
-    exclusive = request.node.get_closest_marker("exclusive") is not None
-    held = [_locked(shared / "turnstile.lock", fcntl.LOCK_EX)]
+        return (yield)
+    shared = Path(str(item.config._tmp_path_factory.getbasetemp())).parent
+    exclusive = item.get_closest_marker("exclusive") is not None
+    deadline = time.monotonic() + CORES_WAIT_SECS
+    held: list[int] = []
     try:
-        held.append(_locked(shared / "cores.lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH))
+        held.append(_locked(shared / "turnstile.lock", fcntl.LOCK_EX, deadline))
+        held.append(_locked(shared / "cores.lock", fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, deadline))
         if not exclusive:
             os.close(held.pop(0))  # through the turnstile: an exclusive test waiting there goes next
-        yield
+    except TimeoutError as waited:
+        item.stash[_CORES_UNAVAILABLE] = str(waited)
+    try:
+        return (yield)
     finally:
         for fd in held:
             os.close(fd)
 
 
-def _locked(path: Path, mode: int) -> int:
+@pytest.fixture(autouse=True)
+def _cores(request):
+    """Fail a test that never got the cores lock (pytest_runtest_protocol waited CORES_WAIT_SECS for it)."""
+    unavailable = request.node.stash.get(_CORES_UNAVAILABLE, None)
+    if unavailable:
+        pytest.fail(unavailable)
+
+
+def _locked(path: Path, mode: int, deadline: float) -> int:
+    """A descriptor of `path` holding flock `mode`, polled for until `deadline` (then TimeoutError)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, mode)
-    except BaseException:  # the test's timeout, say: never leave the descriptor (and a lock) behind
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"waited {CORES_WAIT_SECS:.0f}s for the cores lock ({path.name})") from None
+                time.sleep(0.05)
+    except BaseException:  # never leave the descriptor (and a lock) behind
         os.close(fd)
         raise
-    return fd
+
+
+OWNER_VARIABLE = "SST_TEST_OWNER"  # set to one value per test in the environment every subprocess inherits
 
 
 @pytest.fixture(autouse=True)
 def _owned_processes(monkeypatch, _cores):
-    """Own every DevServer / Daemon a test starts: end them (and their process groups) at teardown.
+    """Own every process a test starts. At teardown, whatever the outcome: every DevServer / Daemon (and its
+    process group) is stopped, daemons first so they can deregister; then every process still carrying this
+    test's OWNER_VARIABLE is SIGKILLed (the demo's dev server, a benchmark's pool, a nested pytest's daemon,
+    whatever left its group or session). Processes started outside the test (module fixtures) carry none.
     Subprocesses get a short TMPDIR of their own (multiprocessing's pymp-* dirs land there), removed after."""
     tmp = tempfile.mkdtemp(prefix="sst-")  # short: AF_UNIX paths inside it stay under 107 bytes
     monkeypatch.setenv("TMPDIR", tmp)
+    owner = uuid.uuid4().hex
+    monkeypatch.setenv(OWNER_VARIABLE, owner)
     mark = len(_STARTED)
     try:
         yield
@@ -109,7 +147,54 @@ def _owned_processes(monkeypatch, _cores):
         started, _STARTED[mark:] = _STARTED[mark:], []
         for proc in reversed(started):  # daemons (started after their server) first
             end_process_group(proc)
+        end_owned(owner)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shared_helpers() -> set[int]:
+    """This process's own multiprocessing helpers (resource tracker, forkserver): started by whichever test
+    first needed one, they serve every test after it."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    pids = {getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),
+            getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)}
+    return {pid for pid in pids if pid}
+
+
+def owned_pids(owner: str) -> list[int]:
+    """Pids of the live processes whose environment carries OWNER_VARIABLE=owner (this process and its shared
+    multiprocessing helpers excluded)."""
+    needle = f"{OWNER_VARIABLE}={owner}".encode()
+    spared = {os.getpid(), *_shared_helpers()}
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in spared:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return pids
+
+
+def end_owned(owner: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process carrying OWNER_VARIABLE=owner until none is left (or `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while (pids := owned_pids(owner)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in pids:  # reap the ones that are this process's own children
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        time.sleep(0.02)
 
 
 _SKIPS: list[tuple[str, str]] = []
@@ -117,6 +202,14 @@ _SKIPS: list[tuple[str, str]] = []
 
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPS.append((report.nodeid, reason))
+
+
+def pytest_collectreport(report):
+    """A module skipped while it is collected (a module-level importorskip, say) skips every test in it
+    without a test report: count it like a skipped test."""
+    if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _SKIPS.append((report.nodeid, reason))
 
@@ -428,6 +521,16 @@ def daemon_factory(dev_server):
 
     yield make
     for d in started:
+        d.stop()
+
+
+@pytest.fixture
+def stopped(dev_server):
+    """Daemons a test starts itself and appends here are stopped before the dev server is (so they can
+    deregister)."""
+    daemons: list[Daemon] = []
+    yield daemons
+    for d in daemons:
         d.stop()
 
 

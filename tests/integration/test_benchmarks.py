@@ -1,0 +1,117 @@
+"""Tiny runs of the benchmark scripts (run.py, bench_api.py, cores.py), so they keep working.
+
+Checks that the JSON has every section with sane values; the figures themselves are not
+asserted (this machine is shared and a test is no benchmark).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+@pytest.mark.exclusive
+def test_benchmark_script_tiny_run(tmp_path):
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
+           "--noop-jobs", "100", "--latency-samples", "3", "--scaling", "1,2", "--idle-seconds", "0.2",
+           "--json", str(out), "--no-markdown", "--no-api"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for section in ("machine", "config", "efficiency", "sdk", "overhead", "latency", "memory", "scaling", "targets"):
+        assert section in r, section
+    assert r["machine"]["cores"] >= 1 and r["machine"]["python"]
+    assert [e["ms"] for e in r["efficiency"]] == [5.0, 20.0]
+    for e in r["efficiency"]:
+        assert e["completed"] == e["jobs"] > 0
+        assert 0 < e["daemon_efficiency"] <= 1.5 and 0 < e["pool_efficiency"] <= 1.5
+        assert e["daemon_over_pool"] > 0 and e["parent_cpu_us_per_job"] >= 0
+    assert r["sdk"]["poll_interval_s"] > 0
+    for s in r["sdk"]["rows"]:
+        assert s["completed"] == s["jobs"] > 0 and s["sdk_jobs_per_s"] > 0 and s["ratio"] > 0
+    o = r["overhead"]
+    assert o["completed"] == o["noop_jobs"] == 100
+    # 100 jobs are ~20 ms of parent CPU, two ticks of the CPU clock: with idle subtracted a loaded run can read 0.
+    assert o["noop_jobs_per_s"] > 0 and o["parent_cpu_us_per_job"] >= 0 and o["server_cpu_us_per_job"] >= 0
+    la = r["latency"]
+    assert la["samples"] == 3
+    assert 0 <= la["claim_to_start_ms"]["p50"] <= la["enqueue_to_start_ms"]["p99"] + 1e-6 < 30_000
+    m = r["memory"]
+    assert m["children"] == r["config"]["procs"] and 0 < m["parent_rss_mib"] < 1024 and m["child_rss_mib"] > 0
+    assert [s["procs"] for s in r["scaling"]["rows"]] == [1, 2]
+    assert all(s["completed"] == s["jobs"] and s["jobs_per_s"] > 0 for s in r["scaling"]["rows"])
+    assert {t["name"] for t in r["targets"]} and all(isinstance(t["met"], bool) for t in r["targets"])
+    assert "efficiency" in proc.stdout and "targets" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(330)
+@pytest.mark.exclusive
+def test_api_benchmark_tiny_run(tmp_path):
+    """benchmarks/bench_api.py (the API-latency, no-op, fleet and budget sections run.py also runs)."""
+    out = tmp_path / "api.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api.py"), "--quick", "--delays", "20", "--ms", "20",
+           "--rates", "25", "--seconds", "0.3", "--noop-jobs", "100", "--fleet-jobs", "4", "--budget-seconds", "2",
+           "--no-sdk", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    rows = {row["worker"]: row for row in r["latency"]}
+    assert {"ours", "prefetch0"} <= set(rows)
+    for row in r["latency"] + r["noop"] + r["budget"]:
+        assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
+    assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]
+    assert all(0 < row["steady_efficiency"] <= 1.5 for row in r["latency"])
+    assert r["budget"][0]["rate_limit_rps"] == 25 and r["budget"][0]["requests"] >= r["budget"][0]["jobs"]
+    f = r["fleet"]
+    assert f["completed"] == f["jobs"] == 4 and f["makespan_over_ideal"] > 0 and sum(f["split"].values()) == 4
+    assert "API latency" in proc.stdout and "Request budget" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.exclusive
+def test_cores_benchmark_tiny_run(tmp_path):
+    """benchmarks/cores.py: one row at loopback, one with 20 ms of API latency; the shares add up."""
+    out = tmp_path / "cores.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "cores.py"), "--ms", "20", "--delays", "0,20",
+           "--seconds", "0.3", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["api_delay_ms"], r["job_ms"]) for r in rows] == [(0, 20.0), (20, 20.0)]
+    for r in rows:
+        assert r["jobs"] == r["completes"] >= 4 and r["claims"] >= 1 and 0 < r["efficiency"] <= 1.5
+        assert r["children_us_per_job"] >= 20_000 * 0.9  # each job burns 20 ms of the child's CPU
+        assert r["children_cores"] + r["parent_cores"] + r["server_cores"] <= r["machine_busy_cores"] + 0.2
+    assert "children" in proc.stdout.splitlines()[1]
+
+
+def test_the_steady_rate_leaves_out_the_ends_of_a_batch(tmp_path):
+    """Db.steady: the rate between the 10th and 90th percentile completions, so a slow start and a
+    slow end (the first claim, the last report) do not count; fewer than two completions inside: 0."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_api import Db
+
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE jobs(queue_name TEXT, status TEXT, started_at REAL, completed_at REAL)")
+        ends = [0.5] + [1.0 + 0.01 * i for i in range(18)] + [3.0]  # 20 jobs: a late first and last one
+        db.executemany("INSERT INTO jobs VALUES ('q', 'completed', 0.0, ?)", [(t,) for t in ends])
+        db.execute("INSERT INTO jobs VALUES ('q', 'pending', NULL, NULL)")
+        db.execute("INSERT INTO jobs VALUES ('few', 'completed', 0.0, 1.0)")
+    reader = Db(str(path))
+    jobs, secs = reader.steady("q")
+    assert jobs == 15 and abs(secs - 0.15) < 1e-9  # the 3rd to the 18th completion: 1.01 .. 1.16
+    assert reader.span("q") == (20, 3.0)
+    assert reader.steady("few") == (0, 0.0) and reader.steady("none") == (0, 0.0)

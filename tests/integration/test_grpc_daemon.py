@@ -1,0 +1,327 @@
+"""The daemon's gRPC transport (supervisor.client.grpc_transport) driven in-process by a small select()
+loop, as the parent drives it, against the real dev server's gRPC port. Outcomes are read back over REST."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from conftest import ROOT, free_port, parse_ts, wait_until
+from support.grpc_support import start_server
+
+from supervisor.client import rest as api
+from supervisor.client.grpc_transport import GrpcMissing, make_transport, parse_grpc_url, require_grpc, restore_ints
+from supervisor.client.rest import Secret
+
+Q = "gq"
+
+
+class Driver:
+    """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
+
+    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None):
+        self.r, self.w = os.pipe()
+        os.set_blocking(self.r, False)
+        os.set_blocking(self.w, False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.r, selectors.EVENT_READ, ("wake", None))
+        cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None,
+                              api_url=rest_url)
+        self.requests: list[tuple] = []
+        self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
+                                               mode=mode)
+        self.answers: dict = {}
+
+    def turn(self) -> None:
+        now = time.monotonic()
+        deadline = self.client.next_deadline()
+        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - now))
+        for key, mask in self.sel.select(wait):
+            kind, obj = key.data
+            if kind == "http":  # the REST fallback's sockets
+                self.client.on_ready(obj, mask, time.monotonic())
+                continue
+            try:
+                while os.read(self.r, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        self.client.expire(time.monotonic())
+        for tag, result, error in self.client.done():
+            assert tag not in self.answers, f"two answers for {tag}"
+            self.answers[tag] = (result, error)
+
+    def run_until(self, predicate, timeout: float = 15.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            self.turn()
+
+    def call(self, tag, call, timeout: float = 15.0):
+        self.client.submit(tag, call)
+        self.run_until(lambda: tag in self.answers, timeout, f"the answer to {tag}")
+        return self.answers.pop(tag)
+
+    def ok(self, tag, call):
+        result, error = self.call(tag, call)
+        assert error is None, error
+        return result
+
+    def close(self) -> None:
+        self.client.close()
+        self.sel.close()
+        os.close(self.r)
+        os.close(self.w)
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = start_server(tmp_path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(params=["unary", "stream"])
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def drv(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode)
+    yield d
+    d.close()
+
+
+def test_register_heartbeat_drain_and_deregister(server, drv):
+    a = drv.api
+    answer = drv.ok("reg", a.register_call(Q, "gw-1", "host-1", 3, {"procs": 3, "pid": 42}))
+    assert answer["id"] == "gw-1" and answer["heartbeat_interval_secs"] == 10
+    w = server.worker("gw-1")
+    assert w["status"] == "healthy" and w["max_concurrency"] == 3 and w["metadata"] == {"procs": "3", "pid": "42"}
+    hb = drv.ok("hb", a.heartbeat_call("gw-1", 2, "healthy", {"busy": 1}, 12.5, 3.25))
+    assert hb == {"acknowledged": True, "should_drain": False}
+    assert server.worker("gw-1")["current_jobs"] == 2
+    _, err = drv.call("hb2", a.heartbeat_call("nobody", 0, "healthy"))
+    assert isinstance(err, api.Rejected) and err.status == 404  # the parent then registers again
+    r = server.request("POST", "/api/v1/workers/gw-1/heartbeat", json={"current_jobs": 0, "status": "draining"})
+    assert r.status_code == 200, r.text
+    assert drv.ok("hb3", a.heartbeat_call("gw-1", 0, "healthy"))["should_drain"] is True
+    a.deregister("gw-1", timeout=5)
+    assert server.worker("gw-1")["status"] == "offline"
+    with pytest.raises(api.Rejected):
+        a.deregister("never-was", timeout=5)
+    routes = {r[0] for r in drv.requests}
+    assert {"register", "worker_heartbeat", "deregister"} <= routes
+
+
+def test_claim_complete_fail_renew_in_band(server, drv):
+    a = drv.api
+    ids = [server.enqueue(Q, {"n": 5, "big": 2 ** 40, "f": 1.5, "xs": [1, 2.5]}, max_retries=2) for _ in range(3)]
+    jobs = drv.ok("claim", a.claim_call(Q, "gw", 5, 30))  # 5 dequeues, 3 jobs
+    assert sorted(j["id"] for j in jobs) == sorted(ids)
+    job = jobs[0]
+    assert job["payload"] == {"n": 5, "big": 2 ** 40, "f": 1.5, "xs": [1, 2.5]}
+    assert type(job["payload"]["n"]) is int and type(job["payload"]["big"]) is int
+    assert job["lease_id"] and job["max_retries"] == 2 and job["timeout_seconds"] == 300
+    assert abs(parse_ts(job["lease_expires_at"]) - parse_ts(server.job(job["id"])["lease_expires_at"])) < 0.01
+    first, second, third = jobs
+    assert drv.ok("c1", a.complete_call(first["id"], "gw", first["lease_id"], {"r": 1, "ok": True})) is None
+    assert server.job(first["id"])["result"] == {"r": 1.0, "ok": True}
+    _, err = drv.call("c1-again", a.complete_call(first["id"], "gw", first["lease_id"], None))
+    assert isinstance(err, api.LeaseLost)  # not re-sent by us after a cut: the parent drops the outcome
+    answer = drv.ok("f2", a.fail_call(second["id"], "gw", second["lease_id"], "boom " * 2000))
+    assert answer["will_retry"] is True
+    rest = server.job(second["id"])
+    assert rest["status"] == "pending" and rest["retry_count"] == 1 and len(rest["last_error"]) <= 4096
+    before = parse_ts(server.job(third["id"])["lease_expires_at"])
+    drv.ok("r3", a.renew_lease_call(third["id"], "gw", third["lease_id"], 600))
+    assert parse_ts(server.job(third["id"])["lease_expires_at"]) - before > 500
+    _, err = drv.call("r3-bad", a.renew_lease_call(third["id"], "gw", "not-the-lease", 60))
+    assert isinstance(err, api.LeaseLost) and err.code == "LEASE_EXPIRED"
+    _, err = drv.call("c3-list", a.complete_call(third["id"], "gw", third["lease_id"], [1, 2]))
+    assert isinstance(err, api.Rejected) and "only JSON objects" in err.message  # never sent
+    assert server.job(third["id"])["status"] == "processing"
+    assert drv.ok("empty", a.claim_call("other-queue", "gw", 2, 30)) == []
+
+
+def test_rest_fallback_delivers_a_non_object_result_exactly(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=server.url)
+    try:
+        server.enqueue(Q, {"x": 1})
+        (job,) = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        value = [1, 2, {"big": 2 ** 60}]
+        assert d.ok("c", d.api.complete_call(job["id"], "gw", job["lease_id"], value)) == {"success": True}
+        assert server.job(job["id"])["result"] == value  # over REST: exact, big integer included
+        assert ("complete", 200) in {(r[0], r[1]) for r in d.requests}
+    finally:
+        d.close()
+
+
+def test_worker_row_is_read_over_rest(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=server.url)
+    try:
+        d.ok("reg", d.api.register_call(Q, "gw-row", "h", 2, {"instance_id": "abc", "pid": 7}, [Q, "other-q"]))
+        row = d.ok("row", d.api.get_worker_call("gw-row"))
+        assert row["id"] == "gw-row" and row["metadata"]["instance_id"] == "abc"
+        assert row["metadata"]["pid"] == "7"  # gRPC metadata maps carry strings
+    finally:
+        d.close()
+    alone = Driver(server.grpc_address, server.api_key, mode=mode)
+    try:
+        _, err = alone.call("row", alone.api.get_worker_call("gw-row"))
+        assert isinstance(err, api.Unavailable)  # without REST nobody can read it; the parent ignores that
+    finally:
+        alone.close()
+
+
+def test_a_failing_rest_fallback_answers_as_grpc_did(server, mode):
+    d = Driver(server.grpc_address, server.api_key, mode=mode, rest_url=f"http://127.0.0.1:{free_port()}")
+    try:
+        server.enqueue(Q, {"x": 1})
+        (job,) = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        _, err = d.call("c", d.api.complete_call(job["id"], "gw", job["lease_id"], ["not", "an", "object"]))
+        assert isinstance(err, api.Rejected) and "only JSON objects" in err.message and "REST fallback" in err.message
+        assert server.job(job["id"])["status"] == "processing"  # the parent now fails it with that error
+    finally:
+        d.close()
+
+
+def test_rest_fallback_settles_while_grpc_is_down(server, mode):
+    d = Driver(f"127.0.0.1:{free_port()}", server.api_key, timeout=2.0, mode=mode, rest_url=server.url)
+    try:
+        ids = [server.enqueue(Q, {"x": i}, max_retries=2) for i in range(2)]
+        jobs = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "gw", "limit": 2})
+        one, two = jobs.json()["jobs"]
+        _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
+        assert isinstance(err, api.Unavailable)  # claims have no fallback
+        assert d.call("c", d.api.complete_call(one["id"], "gw", one["lease_id"], {"r": 1}))[1] is None
+        assert d.call("f", d.api.fail_call(two["id"], "gw", two["lease_id"], "went wrong"))[1] is None
+        assert server.job(one["id"])["status"] == "completed" and server.job(one["id"])["result"] == {"r": 1}
+        rest = server.job(two["id"])
+        assert rest["status"] == "pending" and rest["retry_count"] == 1 and rest["last_error"] == "went wrong"
+        assert sorted(ids) == sorted([one["id"], two["id"]])
+    finally:
+        d.close()
+
+
+def test_non_object_payload_arrives_as_none(server, drv):
+    jid = server.enqueue(Q, ["a", "list"])
+    (job,) = drv.ok("claim", drv.api.claim_call(Q, "gw", 1, 30))
+    assert job["id"] == jid and job["payload"] is None
+
+
+def test_wrong_key_is_unauthorized(server, mode):
+    d = Driver(server.grpc_address, "sp_test_not-the-key", mode=mode)
+    try:
+        _, err = d.call("reg", d.api.register_call(Q, "gw", "h", 1, {}))
+        assert isinstance(err, api.Unauthorized)
+        _, err = d.call("claim", d.api.claim_call(Q, "gw", 2, 30))
+        assert isinstance(err, api.Unauthorized)
+        assert "not-the-key" not in str(err) and "not-the-key" not in repr(d.api)
+    finally:
+        d.close()
+
+
+def test_stream_cut_mid_run_loses_no_settlement(server, drv, mode):
+    a = drv.api
+    ids = [server.enqueue(Q, {"i": i}) for i in range(6)]
+    jobs = drv.ok("claim", a.claim_call(Q, "gw", 6, 60))
+    assert len(jobs) == 6
+    server.faults(cut=1.0)  # every call is handled, then its answer is cut (the stream with it)
+    complete0 = a.complete_call(jobs[0]["id"], "gw", jobs[0]["lease_id"], {"k": 0})
+    if mode == "stream":  # the transport re-sends it on a new stream
+        drv.client.submit("c0", complete0)
+        drv.run_until(lambda: drv.client.failures >= 1, what="the stream to break")
+        server.faults(cut=0.0)
+        drv.run_until(lambda: "c0" in drv.answers, what="the re-sent complete")
+        assert drv.answers.pop("c0") == (None, None)  # answered NOT_FOUND: counted as done
+    else:  # the parent retries a call that came back Unavailable
+        _, err = drv.call("c0", complete0)
+        assert isinstance(err, api.Unavailable)
+        server.faults(cut=0.0)
+        assert drv.call("c0-again", a.complete_call(jobs[0]["id"], "gw", jobs[0]["lease_id"], {"k": 0})) == (None, None)
+    assert server.job(jobs[0]["id"])["result"] == {"k": 0.0}
+    # chaos: cuts and 503s on a third of the messages; the parent's retry (a fresh call) stands in for on_report
+    server.faults(cut=0.2, fail_503=0.2)
+    for job in jobs[1:]:
+        for attempt in range(20):
+            result, err = drv.call(("c", job["id"], attempt), a.complete_call(job["id"], "gw", job["lease_id"], None))
+            if not isinstance(err, api.Unavailable):
+                break
+        assert err is None, err
+    server.faults(cut=0.0, fail_503=0.0)
+    assert [server.job(i)["status"] for i in ids] == ["completed"] * 6
+
+
+def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
+    port = free_port()
+    d = Driver(f"127.0.0.1:{port}", "sp_test_x", timeout=2.0, mode=mode)
+    server = None
+    try:
+        _, err = d.call("reg", d.api.register_call(Q, "gw", "h", 1, {}))
+        assert isinstance(err, api.Unavailable)
+        _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
+        assert isinstance(err, api.Unavailable)
+        assert d.client.failures >= 1 or mode == "unary"
+        server = start_server(tmp_path, "--grpc-port", str(port))  # (the later flag wins)
+        d.api._key = Secret(server.api_key)
+        jid = server.enqueue(Q, {"x": 1})
+        attempts = iter(range(1000))
+
+        def claimed():
+            jobs, err = d.call(("claim", next(attempts)), d.api.claim_call(Q, "gw", 1, 30))
+            return jobs if err is None and jobs else None
+        jobs = wait_until(claimed, timeout=20, interval=0.2, what="the transport to reach the server again")
+        assert [j["id"] for j in jobs] == [jid]
+    finally:
+        d.close()
+        if server is not None:
+            server.stop()
+
+
+def test_no_channel_or_thread_before_the_first_call(server):
+    before = threading.active_count()
+    d = Driver(server.grpc_address, server.api_key)
+    try:
+        assert d.api._channel is None and threading.active_count() == before
+        d.ok("reg", d.api.register_call(Q, "gw", "h", 1, {}))
+        assert d.api._channel is not None
+    finally:
+        d.close()
+
+
+def test_children_and_the_transport_module_do_not_import_grpc():
+    code = ("import sys; import supervisor.child.main, supervisor.client.grpc_transport, supervisor.commands.run; "
+            "bad = [m for m in sys.modules if m == 'grpc' or m.startswith('grpc.')]; assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_without_the_extra_the_error_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    with pytest.raises(GrpcMissing, match=r"pip install 'spooled-supervisor\[grpc\]'"):
+        require_grpc()
+
+
+def test_grpc_url_parsing():
+    assert parse_grpc_url("127.0.0.1:50051") == ("127.0.0.1:50051", "127.0.0.1", False)
+    assert parse_grpc_url("localhost") == ("localhost:50051", "localhost", False)
+    assert parse_grpc_url("[::1]:7000") == ("[::1]:7000", "::1", False)
+    assert parse_grpc_url("grpc.spooled.cloud:443") == ("grpc.spooled.cloud:443", "grpc.spooled.cloud", True)
+    assert parse_grpc_url("grpcs://grpc.example.com") == ("grpc.example.com:443", "grpc.example.com", True)
+    for bad in ("", ":80", "host:port"):
+        with pytest.raises(ValueError):
+            parse_grpc_url(bad)
+
+
+def test_struct_doubles_become_ints_below_2_53():
+    assert restore_ints({"a": 5.0, "b": [1.0, 2.5, {"c": -3.0}], "d": True, "e": None, "s": "5"}) == \
+        {"a": 5, "b": [1, 2.5, {"c": -3}], "d": True, "e": None, "s": "5"}
+    assert type(restore_ints(2.0 ** 53)) is float and type(restore_ints(2.0 ** 53 - 1)) is int

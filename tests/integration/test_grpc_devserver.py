@@ -1,0 +1,352 @@
+"""The official SDK's gRPC client (spooled 1.6.0 SpooledGrpcClient) against the dev server's --grpc-port.
+
+Every test reads the outcome back (over gRPC and over REST: one store serves both).
+"""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import ROOT, parse_ts, wait_until
+from support.grpc_support import start_server
+
+grpc = pytest.importorskip("grpc")
+from spooled import errors  # noqa: E402
+from spooled.grpc import SpooledGrpcClient  # noqa: E402
+from spooled.grpc.client import GrpcCompleteRequest, GrpcDequeueRequest, GrpcFailRequest, GrpcRenewLeaseRequest  # noqa: E402
+from spooled.grpc.client import ProcessRequest as SdkProcessRequest  # noqa: E402
+
+Q = "grpc-q"
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = start_server(tmp_path)
+    yield s
+    s.stop()
+    noise = [line for line in s.out.lines if "warning" in line or "Traceback" in line]
+    assert not noise, noise  # no internal error and no stack trace, whatever the clients did
+
+
+@pytest.fixture
+def client(server):
+    c = SpooledGrpcClient(address=server.grpc_address, api_key=server.api_key, timeout=10)
+    yield c
+    c.close()
+
+
+def _claim_one(client, worker="w1", lease=30):
+    jobs = client.queue.dequeue(Q, worker, lease_duration_secs=lease).jobs
+    assert len(jobs) == 1
+    return jobs[0]
+
+
+def test_stubs_are_current():
+    """The committed stubs are what regenerate.py makes from supervisor/proto/spooled.proto."""
+    pytest.importorskip("grpc_tools")
+    done = subprocess.run([sys.executable, "-m", "supervisor.proto.regenerate", "--check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_register_with_stable_id_heartbeat_and_sticky_drain(server, client):
+    first = client.workers.register(Q, "host-a", worker_id="stable-1", max_concurrency=4)
+    again = client.workers.register(Q, "host-a", worker_id="stable-1", max_concurrency=4)
+    assert first.worker_id == again.worker_id == "stable-1"
+    assert first.heartbeat_interval_secs == 10
+    workers = server.request("GET", "/api/v1/workers").json()
+    assert [w["id"] for w in workers] == ["stable-1"]
+    assert server.worker("stable-1")["max_concurrency"] == 4
+    hb = client.workers.heartbeat("stable-1", current_jobs=2)
+    assert hb.acknowledged and not hb.should_drain
+    assert server.worker("stable-1")["current_jobs"] == 2
+    assert not client.workers.heartbeat("nobody", current_jobs=0).acknowledged
+    # draining is sticky: once the worker said it, a later `healthy` still gets should_drain
+    assert client.workers.heartbeat("stable-1", current_jobs=0, status="draining").should_drain
+    hb = client.workers.heartbeat("stable-1", current_jobs=0, status="healthy")
+    assert hb.acknowledged and hb.should_drain
+    assert server.worker("stable-1")["status"] == "draining"
+
+
+def test_enqueue_dequeue_complete_and_read_back(server, client):
+    made = client.queue.enqueue(Q, {"n": 7, "nested": {"xs": [1, 2]}}, max_retries=2, timeout_seconds=60)
+    assert made.created
+    job = _claim_one(client)
+    assert job.id == made.job_id and job.lease_id and job.status == "processing"
+    assert job.payload == {"n": 7.0, "nested": {"xs": [1.0, 2.0]}}  # Struct numbers are doubles
+    assert job.max_retries == 2 and job.timeout_seconds == 60 and job.assigned_worker_id == "w1"
+    assert client.queue.complete(job.id, "w1", {"ok": True, "v": 3}, lease_id=job.lease_id).success
+    rest = server.job(job.id)
+    assert rest["status"] == "completed" and rest["result"] == {"ok": True, "v": 3.0}
+    got = client.queue.get_job(job.id).job
+    assert got.status == "completed" and got.result == {"ok": True, "v": 3.0}
+    stats = client.queue.get_queue_stats(Q)
+    assert (stats.completed, stats.pending, stats.total) == (1, 0, 1)
+
+
+def test_settlement_without_lease_id_is_invalid_argument(server, client):
+    client.queue.enqueue(Q, {"x": 1})
+    job = _claim_one(client)
+    for call in (lambda: client.queue.complete(job.id, "w1", None, lease_id=""),
+                 lambda: client.queue.fail(job.id, "w1", "boom", lease_id=""),
+                 lambda: client.queue.renew_lease(job.id, "w1", 30, lease_id="")):
+        with pytest.raises(errors.ValidationError, match="lease_id is required for job settlement"):
+            call()
+    assert server.job(job.id)["status"] == "processing"
+    assert client.queue.complete(job.id, "w1", None, lease_id=job.lease_id).success  # with it: accepted
+
+
+def test_fail_retry_unset_retries_and_false_dead_letters(server, client):
+    client.queue.enqueue(Q, {"a": 1}, max_retries=3)
+    job = _claim_one(client)
+    answer = client.queue.fail(job.id, "w1", "transient", retry=None, lease_id=job.lease_id)
+    assert answer.success and answer.will_retry and answer.next_retry_delay_secs >= 1
+    rest = server.job(job.id)
+    assert rest["status"] == "pending" and rest["retry_count"] == 1 and rest["last_error"] == "transient"
+    client.queue.enqueue(Q, {"b": 2}, max_retries=3)
+    other = _claim_one(client)
+    assert other.id != job.id  # the retried job waits out its back-off
+    answer = client.queue.fail(other.id, "w1", "fatal", retry=False, lease_id=other.lease_id)
+    assert answer.success and not answer.will_retry
+    rest = server.job(other.id)
+    assert rest["status"] == "deadletter" and rest["retry_count"] == 1  # gRPC fail always counts the attempt
+    dlq = server.request("GET", f"/api/v1/jobs/dlq?queue_name={Q}").json()
+    assert [j["id"] for j in dlq] == [other.id]
+
+
+def test_wrong_lease_and_expired_lease_are_failed_precondition(tmp_path):
+    server = start_server(tmp_path, "--lease-sweep-interval", "60")  # no sweep: the expired lease stays ours
+    client = SpooledGrpcClient(address=server.grpc_address, api_key=server.api_key, timeout=10)
+    try:
+        client.queue.enqueue(Q, {"x": 1})
+        job = _claim_one(client, lease=1)  # clamped up to 5 s
+        expires = parse_ts(server.job(job.id)["lease_expires_at"])
+        assert 4.0 <= expires - parse_ts(server.job(job.id)["started_at"]) <= 6.0
+        with pytest.raises(errors.ConflictError, match="does not match the job's current lease") as info:
+            client.queue.complete(job.id, "w1", None, lease_id=job.lease_id + "x")
+        assert info.value.code == "LEASE_EXPIRED"
+        with pytest.raises(errors.NotFoundError, match="Job not found or not authorized"):
+            client.queue.complete(job.id, "someone-else", None, lease_id=job.lease_id)
+
+        wait_until(lambda: time.time() > expires + 0.05, timeout=15, interval=0.1, what="the 5 s lease to run out")
+        with pytest.raises(errors.ConflictError, match="Lease expired") as info:
+            client.queue.renew_lease(job.id, "w1", 30, lease_id=job.lease_id)
+        assert info.value.code == "LEASE_EXPIRED"
+        with pytest.raises(errors.ConflictError, match="Lease expired"):
+            client.queue.complete(job.id, "w1", None, lease_id=job.lease_id)
+        assert server.job(job.id)["status"] == "processing"
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_renew_extends_and_clamps_the_lease(server, client):
+    client.queue.enqueue(Q, {"x": 1})
+    job = _claim_one(client, lease=10)
+    before = parse_ts(server.job(job.id)["lease_expires_at"])
+    renewed = client.queue.renew_lease(job.id, "w1", 120, lease_id=job.lease_id)
+    assert renewed.success and renewed.new_expires_at is not None
+    after = parse_ts(server.job(job.id)["lease_expires_at"])
+    assert after - before > 100 and abs(after - renewed.new_expires_at.timestamp()) < 2
+    client.queue.renew_lease(job.id, "w1", 999_999, lease_id=job.lease_id)  # clamped to 3600, not refused
+    capped = parse_ts(server.job(job.id)["lease_expires_at"]) - parse_ts(server.job(job.id)["updated_at"])
+    assert 3590 <= capped <= 3601
+
+
+def test_deregister_hands_held_jobs_back(server, client):
+    client.workers.register(Q, "h", worker_id="leaver")
+    client.queue.enqueue(Q, {"x": 1})
+    job = _claim_one(client, worker="leaver")
+    assert client.workers.deregister("leaver").success
+    rest = server.job(job.id)
+    assert rest["status"] == "pending" and rest["retry_count"] == 0 and rest["assigned_worker_id"] is None
+    assert server.worker("leaver")["status"] == "offline"
+    with pytest.raises(errors.NotFoundError):
+        client.workers.deregister("never-registered")
+
+
+def test_wrong_or_missing_key_is_unauthenticated(server):
+    bad = SpooledGrpcClient(address=server.grpc_address, api_key="sp_test_wrong", timeout=5)
+    try:
+        with pytest.raises(errors.AuthenticationError, match="Invalid API key"):
+            bad.queue.enqueue(Q, {"x": 1})
+        with pytest.raises(errors.AuthenticationError):
+            list(bad.queue.stream_jobs(Q, "w1"))
+    finally:
+        bad.close()
+    from supervisor.proto import spooled_pb2, spooled_pb2_grpc
+
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = spooled_pb2_grpc.QueueServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetQueueStats(spooled_pb2.GetQueueStatsRequest(queue_name=Q), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert info.value.details() == "Missing x-api-key or authorization header"
+        ok = stub.GetQueueStats(spooled_pb2.GetQueueStatsRequest(queue_name=Q), timeout=5,
+                                metadata=[("authorization", f"Bearer {server.api_key}")])
+        assert ok.queue_name == Q
+    assert server.stats()["total"] == 0
+
+
+def _reader(stream) -> queue.Queue:
+    """Read a JobStream on a thread into a queue (the SDK's stream blocks)."""
+    out: queue.Queue = queue.Queue()
+
+    def run():
+        try:
+            for job in stream:
+                out.put(job)
+        except Exception as e:  # the cancel at the end of the test
+            out.put(e)
+
+    threading.Thread(target=run, daemon=True).start()
+    return out
+
+
+def test_stream_jobs_one_job_out_at_a_time_and_woken_by_rest_enqueue(server, client):
+    stream = client.queue.stream_jobs(Q, "streamer", lease_duration_secs=30)
+    got = _reader(stream)
+    try:
+        first = server.enqueue(Q, {"n": 1})  # created over REST: the stream wakes on it
+        job = got.get(timeout=10)
+        assert job.id == first and job.lease_id
+        second = server.enqueue(Q, {"n": 2})
+        # the stream holds `first`, so `second` is left for anyone else: a REST claim gets it
+        claimed = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "rest-w"}).json()
+        assert [j["id"] for j in claimed["jobs"]] == [second]
+        assert got.empty()
+        third = server.enqueue(Q, {"n": 3})
+        assert client.queue.complete(job.id, "streamer", None, lease_id=job.lease_id).success
+        nxt = got.get(timeout=10)  # settled: the next one comes
+        assert nxt.id == third
+    finally:
+        stream.cancel()
+
+
+def test_stream_jobs_sleeps_until_a_scheduled_job_is_due_without_polling(server, client):
+    from datetime import UTC, datetime
+
+    import psutil
+
+    stream = client.queue.stream_jobs(Q, "patient", lease_duration_secs=30)
+    got = _reader(stream)
+    try:
+        client.queue.get_queue_stats(Q)  # the stream is open and waiting on an empty queue
+        ps = psutil.Process(server.proc.pid)
+        cpu0 = sum(ps.cpu_times()[:2])
+        due = time.time() + 2.0
+        jid = server.enqueue(Q, {"n": 1}, scheduled_at=datetime.fromtimestamp(due, UTC).isoformat())
+        job = got.get(timeout=15)
+        assert job.id == jid and time.time() >= due - 0.05  # delivered once due, not before
+        cpu = sum(ps.cpu_times()[:2]) - cpu0
+        assert cpu < 0.3, f"the dev server burnt {cpu:.2f} s of CPU while the stream waited 2 s"
+    finally:
+        stream.cancel()
+
+
+def test_stream_jobs_next_job_after_the_lease_runs_out(server, client):
+    stream = client.queue.stream_jobs(Q, "slow", lease_duration_secs=5)
+    got = _reader(stream)
+    try:
+        a = server.enqueue(Q, {"n": 1})
+        assert got.get(timeout=10).id == a
+        b = server.enqueue(Q, {"n": 2})
+        nxt = got.get(timeout=20)  # never settled: after its 5 s lease the stream moves on
+        assert nxt.id in (a, b)  # (the sweep may have put `a` back first)
+    finally:
+        stream.cancel()
+
+
+def test_process_jobs_answers_each_message_in_order(server, client):
+    stream = client.queue.process_jobs()
+    answers = stream.receive()
+    try:
+        stream.send(SdkProcessRequest(dequeue=GrpcDequeueRequest(queue_name=Q, worker_id="bidi", batch_size=10)))
+        assert next(answers).error_code == "NO_JOBS"
+        ids = [server.enqueue(Q, {"n": i}) for i in range(3)]
+        for _ in ids:
+            stream.send(SdkProcessRequest(dequeue=GrpcDequeueRequest(queue_name=Q, worker_id="bidi", batch_size=10)))
+        jobs = [next(answers).job for _ in ids]  # batch_size notwithstanding: one job per dequeue
+        assert sorted(j.id for j in jobs) == sorted(ids)
+        j0, j1, j2 = jobs
+        stream.send(SdkProcessRequest(complete=GrpcCompleteRequest(job_id=j0.id, worker_id="bidi", result={"r": 1},
+                                                                   lease_id=j0.lease_id)))
+        stream.send(SdkProcessRequest(complete=GrpcCompleteRequest(job_id=j0.id, worker_id="bidi",
+                                                                   lease_id=j0.lease_id)))  # a duplicate
+        stream.send(SdkProcessRequest(fail=GrpcFailRequest(job_id=j1.id, worker_id="bidi", error="no", retry=False,
+                                                           lease_id=j1.lease_id)))
+        stream.send(SdkProcessRequest(renew_lease=GrpcRenewLeaseRequest(job_id=j2.id, worker_id="bidi",
+                                                                        extension_secs=60, lease_id="wrong")))
+        stream.send(SdkProcessRequest(renew_lease=GrpcRenewLeaseRequest(job_id=j2.id, worker_id="bidi",
+                                                                        extension_secs=60, lease_id=j2.lease_id)))
+        got = [next(answers) for _ in range(5)]
+        assert got[0].complete.success
+        assert got[1].error_code == "NOT_FOUND"
+        assert got[2].fail.success and not got[2].fail.will_retry
+        assert got[3].error_code == "LEASE_EXPIRED"
+        assert got[4].renew_lease.success
+        assert server.job(j0.id)["result"] == {"r": 1.0}
+        assert server.job(j1.id)["status"] == "deadletter"
+        assert server.job(j2.id)["status"] == "processing"
+    finally:
+        stream.cancel()
+
+
+def test_rest_and_grpc_claim_each_others_jobs(server, client):
+    listy = server.enqueue(Q, [1, 2, 3])  # REST allows any JSON payload; gRPC sends only objects
+    job = _claim_one(client)
+    assert job.id == listy and job.payload == {}  # missing on the wire; the SDK shows {}
+    assert client.queue.complete(job.id, "w1", {"seen": "grpc"}, lease_id=job.lease_id).success
+    assert server.job(listy)["status"] == "completed"
+    made = client.queue.enqueue(Q, {"from": "grpc"})
+    claimed = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "rest-w"}).json()["jobs"]
+    assert [j["id"] for j in claimed] == [made.job_id] and claimed[0]["payload"] == {"from": "grpc"}
+    r = server.request("POST", f"/api/v1/jobs/{made.job_id}/complete",
+                       json={"worker_id": "rest-w", "lease_id": claimed[0]["lease_id"], "result": {"via": "rest"}})
+    assert r.status_code == 200, r.text
+    assert client.queue.get_job(made.job_id).job.status == "completed"
+
+
+def test_faults_apply_to_grpc(server, client):
+    client.queue.enqueue(Q, {"x": 1})
+    server.faults(fail_503=1.0)
+    with pytest.raises(errors.NetworkError):
+        client.queue.dequeue(Q, "w1")
+    server.faults(fail_503=0.0, cut=1.0)
+    with pytest.raises(errors.NetworkError):  # handled, then the answer is cut: the job was leased
+        client.queue.dequeue(Q, "w1")
+    server.faults(cut=0.0)
+    assert server.job(server.request("GET", f"/api/v1/jobs?queue_name={Q}").json()[0]["id"])["status"] == "processing"
+
+
+def test_quota_and_rate_limit_are_resource_exhausted(tmp_path):
+    server = start_server(tmp_path, "--max-workers", "1", "--rate-limit", "2", "--rate-burst", "4")
+    client = SpooledGrpcClient(address=server.grpc_address, api_key=server.api_key, timeout=5)
+    try:
+        client.workers.register(Q, "h", worker_id="one")
+        with pytest.raises(errors.QuotaExceededError, match="limit reached"):
+            client.workers.register(Q, "h", worker_id="two")
+
+        def limited():
+            try:
+                client.queue.get_queue_stats(Q)
+                return None
+            except errors.RateLimitError as e:
+                return e
+        assert "Rate limit exceeded" in str(wait_until(limited, timeout=10, interval=0, what="the rate limit"))
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_grpc_port_without_the_extra_exits_2_saying_how_to_install(tmp_path):
+    code = ("import sys; sys.modules['grpc'] = None; from supervisor.devserver.cli import main; "
+            f"sys.exit(main(['--port', '0', '--grpc-port', '0', '--db', {str(tmp_path / 'x.db')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "pip install 'spooled-supervisor[grpc]'" in done.stderr and len(done.stderr.strip().splitlines()) == 1
