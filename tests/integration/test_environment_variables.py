@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-import requests
 from conftest import (
     PY,
     Daemon,
@@ -14,12 +13,9 @@ from conftest import (
     wait_for_status,
     wait_until,
 )
+from support.intake_helpers import status as status_of
 
 DONE = ("completed", "failed", "deadletter")
-
-
-def status_of(port: int) -> dict:
-    return requests.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
 
 
 # ---------------------------------------------------------------- environment

@@ -11,10 +11,7 @@ import psutil
 import pytest
 import requests
 from conftest import Daemon, free_port, wait_for_status, wait_until
-
-
-def status_of(port: int) -> dict:
-    return requests.get(f"http://127.0.0.1:{port}/status", timeout=2).json()
+from support.intake_helpers import status as status_of
 
 
 @pytest.mark.timeout(60)

@@ -8,19 +8,15 @@ import signal
 
 import psutil
 import pytest
-import requests
 from conftest import (
     Daemon,
     free_port,
     wait_for_status,
     wait_until,
 )
+from support.intake_helpers import status as status_of
 
 DONE = ("completed", "failed", "deadletter")
-
-
-def status_of(port: int) -> dict:
-    return requests.get(f"http://127.0.0.1:{port}/status", timeout=5).json()
 
 
 # ---------------------------------------------------------------- signals
