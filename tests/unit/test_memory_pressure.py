@@ -8,8 +8,8 @@ import signal
 from pathlib import Path
 
 import pytest
+from support.arbiter_rig import T0, Rig
 from support.parent_fakes import body
-from test_arbiter import T0, Rig
 
 from supervisor.config import ConfigError, load_config
 from supervisor.ops.cgroup import MemoryReading, MemorySource

@@ -9,8 +9,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from test_arbiter import T0
-from test_arbiter import Rig as ArbiterRig
+from support.arbiter_rig import T0
+from support.arbiter_rig import Rig as ArbiterRig
 from test_child_pool import Rig as PoolRig
 
 from supervisor.ops.budget import DEREGISTER_TIMEOUT, REAP_AFTER_KILL
