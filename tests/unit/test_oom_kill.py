@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from test_child_pool import T0, Rig
+from support.pool_rig import T0, Rig
 
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.metrics import DaemonMetrics

@@ -11,7 +11,7 @@ import signal
 import pytest
 from support.arbiter_rig import T0
 from support.arbiter_rig import Rig as ArbiterRig
-from test_child_pool import Rig as PoolRig
+from support.pool_rig import Rig as PoolRig
 
 from supervisor.ops.budget import DEREGISTER_TIMEOUT, REAP_AFTER_KILL
 from supervisor.parent.arbiter import RELOAD_EXTEND, Phase
