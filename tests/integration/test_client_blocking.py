@@ -16,7 +16,7 @@ import traceback
 import pytest
 from conftest import ROOT
 from support.fake_http import MisbehavingServer, all_cases, read_request
-from test_security import tls_proxy
+from support.tls_proxy import self_signed_cert, tls_proxy
 
 from supervisor import exactjson
 from supervisor.client import rest as api
@@ -220,10 +220,7 @@ def test_errors_from_the_blocking_client_never_carry_the_key():
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_the_blocking_client_trusts_exactly_the_ca_bundle_as_the_loop_does(dev_server, tmp_path):
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True, timeout=30)
+    cert, key = self_signed_cert(tmp_path)
     proxy, port = tls_proxy(cert, key, dev_server.url)
     url = f"https://127.0.0.1:{port}"
     try:

@@ -14,19 +14,15 @@ import pytest
 import yaml
 from conftest import ROOT
 from kubernetes_validate.utils import latest_version
+from support.k8s_manifests import K8S, env_of, flag, load_docs
 
 from supervisor import exitcodes
 
-K8S = ROOT / "deploy" / "k8s"
 UNIT = ROOT / "systemd" / "spooled-supervisor.service"
 DEFAULT_DRAIN_TIMEOUT = 25.0
 KILL_GRACE = 3.0  # the daemon's default SIGTERM→SIGKILL gap for children
 K8S_VERSIONS = ["1.27.0", latest_version()]  # oldest supported cluster, newest schemas shipped
 MANIFESTS = ["deployment.yaml", "secret.example.yaml", "pdb.yaml", "hpa.yaml"]
-
-
-def load_docs(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
 
 
 def deployment() -> dict:
@@ -37,19 +33,6 @@ def deployment() -> dict:
 def container() -> dict:
     (c,) = deployment()["spec"]["template"]["spec"]["containers"]
     return c
-
-
-def env_of(c: dict) -> dict:
-    return {e["name"]: e for e in c.get("env", [])}
-
-
-def flag(args: list[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name:
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
 
 
 def cpu_cores(quantity: str) -> float:

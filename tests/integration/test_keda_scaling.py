@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 from conftest import Daemon, DevServer, free_port
-from test_toolkit_deploy import desired_replicas, scaled_object, scaler_query, triggers
+from support.keda_scaler import desired_replicas, scaled_object, scaler_query, triggers
 
 PROCS = 2  # children per pod, as the Deployment's CPU limit gives
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from support.fake_http import MisbehavingServer, all_cases
-from test_loophttp import make_client, run_until_done
+from support.loop_client import make_client, run_until_done
 
 from supervisor import exactjson
 from supervisor.client import rest as api

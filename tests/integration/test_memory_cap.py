@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 from conftest import free_port, wait_for_status, wait_until
-from test_operate import status_of
+from support.intake_helpers import status as status_of
 
 DONE = ("completed", "deadletter", "failed")
 

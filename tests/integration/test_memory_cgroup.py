@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 from conftest import Daemon, free_port, wait_for_status, wait_until
-from test_operate import status_of
+from support.intake_helpers import status as status_of
 
 MiB = 2**20
 DONE = ("completed", "deadletter", "failed")

@@ -4,16 +4,13 @@ TLS verification stays on (--ca-bundle for a private CA); plain http:// off loop
 
 from __future__ import annotations
 
-import http.server
 import shutil
-import ssl
 import subprocess
-import threading
 
 import psutil
 import pytest
-import requests
 from conftest import PY, ROOT, Daemon, free_port, wait_for_status, wait_until
+from support.tls_proxy import self_signed_cert, tls_proxy
 
 from supervisor.client import rest as api
 from supervisor.config import ConfigError, load_config
@@ -103,69 +100,10 @@ def test_plain_http_to_another_host_is_refused_unless_allowed():
         load_config(["--queue", "q", "--handler", "m:f", "--ca-bundle", "/nonexistent.pem"], env)
 
 
-class _TlsProxy(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-
-def tls_proxy(cert: str, key: str, upstream: str) -> tuple[_TlsProxy, int]:
-    """An HTTPS front for the dev server, with a certificate from a private CA (self-signed)."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args):
-            pass
-
-        def _forward(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
-            r = requests.request(self.command, upstream + self.path, data=body, headers=headers, timeout=10)
-            self.send_response(r.status_code)
-            for k, v in r.headers.items():
-                if k.lower() in ("content-type", "retry-after"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(r.content)))
-            self.end_headers()
-            self.wfile.write(r.content)
-
-        do_GET = do_POST = _forward
-
-    port = free_port()
-    server = _TlsProxy(("127.0.0.1", port), Handler)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, port
-
-
 @pytest.mark.timeout(60)
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
 def test_tls_is_verified_and_a_private_ca_works_with_ca_bundle(dev_server, tmp_path):
-    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            key,
-            "-out",
-            cert,
-            "-days",
-            "1",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+    cert, key = self_signed_cert(tmp_path)
     proxy, port = tls_proxy(cert, key, dev_server.url)
     url = f"https://127.0.0.1:{port}"
     try:

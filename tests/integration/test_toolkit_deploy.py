@@ -7,7 +7,6 @@ version the manifest names); the Job against the Kubernetes schemas, as tests/in
 from __future__ import annotations
 
 import copy
-import math
 import re
 from urllib.parse import urlsplit
 
@@ -18,13 +17,13 @@ import requests
 import yaml
 from conftest import ROOT
 from kubernetes_validate.utils import latest_version
-from test_deploy_manifests import env_of, flag
+from support.k8s_manifests import K8S, env_of, flag, load_docs, one
+from support.keda_scaler import desired_replicas, scaled_object, scaler_query, triggers
 
 from supervisor import exitcodes
 from supervisor.config import build_parser
 from supervisor.ops.budget import stop_budget
 
-K8S = ROOT / "deploy" / "k8s"
 SCHEMAS = ROOT / "tests" / "schemas"
 K8S_VERSIONS = ["1.27.0", latest_version()]
 KILL_GRACE = 3.0
@@ -32,17 +31,8 @@ CRD_FILES = {"ScaledObject": "keda.sh_scaledobjects.yaml",
              "TriggerAuthentication": "keda.sh_triggerauthentications.yaml"}
 
 
-def load_docs(name: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
-
-
 def by_kind(name: str) -> dict[str, dict]:
     return {d["kind"]: d for d in load_docs(name)}
-
-
-def one(name: str, kind: str) -> dict:
-    (doc,) = [d for d in load_docs(name) if d["kind"] == kind]
-    return doc
 
 
 def container_of(workload: dict) -> dict:
@@ -131,14 +121,6 @@ def test_the_crd_schema_check_catches_mistakes():
 
 # --- KEDA: what the objects mean ----------------------------------------------------------------------
 
-def scaled_object() -> dict:
-    return one("keda-scaledobject.yaml", "ScaledObject")
-
-
-def triggers() -> dict[str, dict]:
-    return {t["metadata"]["valueLocation"]: t for t in scaled_object()["spec"]["triggers"]}
-
-
 def test_scales_the_deployment_on_the_queue_stats_route():
     deployment = one("deployment.yaml", "Deployment")
     spec = scaled_object()["spec"]
@@ -191,32 +173,6 @@ def test_kustomization_keeps_the_hpa_and_leaves_keda_and_the_job_out():
 
 
 # --- KEDA: the scaler's query against the real dev server ---------------------------------------------
-
-def json_value(body: dict, location: str) -> float:
-    """What KEDA's metrics-api scaler reads at `valueLocation` (a gjson dot path) in a JSON answer."""
-    value = body
-    for part in location.split("."):
-        value = value[int(part)] if isinstance(value, list) else value[part]
-    assert isinstance(value, int | float) and not isinstance(value, bool), f"{location} is {value!r}, not a number"
-    return float(value)
-
-
-def scaler_query(trigger: dict, base_url: str, token: str) -> float:
-    """The scaler's request (metrics_api_scaler.go at v2.20.2): GET the url, `Authorization: Bearer <token>`
-    for authMode bearer, any status but 200 an error, then the number at valueLocation."""
-    url = urlsplit(trigger["metadata"]["url"])
-    assert trigger["metadata"]["authMode"] == "bearer"
-    answer = requests.get(base_url + url.path, headers={"Authorization": f"Bearer {token}"}, timeout=10)
-    assert answer.status_code == 200, answer.text
-    return json_value(answer.json(), trigger["metadata"]["valueLocation"])
-
-
-def desired_replicas(values: dict[str, float]) -> int:
-    """The HPA's answer for AverageValue targets: the largest ceil(value / target), within min and max."""
-    spec = scaled_object()["spec"]
-    wanted = max(math.ceil(values[loc] / float(t["metadata"]["targetValue"])) for loc, t in triggers().items())
-    return min(max(wanted, spec["minReplicaCount"]), spec["maxReplicaCount"])
-
 
 def test_the_scalers_query_reads_the_pending_count_from_the_dev_server(dev_server):
     queue = urlsplit(triggers()["pending_jobs"]["metadata"]["url"]).path.split("/")[-2]
