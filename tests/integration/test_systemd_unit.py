@@ -282,10 +282,16 @@ def test_a_drain_longer_than_timeoutstopsec_is_extended_not_killed(box):
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_frozen_parent_is_killed_by_the_watchdog_and_restarted_and_its_jobs_complete(box):
+    """A drop-in shortens the shipped WatchdogSec=30 and RestartSec=5 to 10 s and 1 s (the daemon pings every
+    5 s, half of it), and a 6 s lease lets the frozen parent's jobs go back to the queue by the time it is
+    restarted: killed, back and done within seconds rather than a minute."""
     queue = "watchdog"
-    settings(box, "/etc/spooled-supervisor/supervisor.env", queue)
-    start(box, SERVICE)
+    settings(box, "/etc/spooled-supervisor/supervisor.env", queue, SPOOLED_LEASE="6")
+    box.write(f"/etc/systemd/system/{SERVICE}.d/short-watchdog.conf", "[Service]\nWatchdogSec=10\nRestartSec=1\n")
+    box.run("systemctl", "daemon-reload")
     try:
+        start(box, SERVICE)
+        assert show(box, SERVICE, "WatchdogUSec")["WatchdogUSec"] in ("10s", "10000000")  # the drop-in took
         ids = api(box, "enqueue", queue, json.dumps({"do": "sleep", "secs": 1}), "6")
         wait_for("a job to run", lambda: processing(box, ids, 1), 20)
         main = show(box, SERVICE, "MainPID")["MainPID"]
@@ -298,6 +304,8 @@ def test_a_frozen_parent_is_killed_by_the_watchdog_and_restarted_and_its_jobs_co
         assert "Watchdog timeout" in journal, journal[-3000:]
         wait_for("every job to complete after the restart", lambda: all_completed(box, ids), 60)
     finally:
+        box.run("rm", "-r", f"/etc/systemd/system/{SERVICE}.d")
+        box.run("systemctl", "daemon-reload")
         stop_clean(box, SERVICE)
 
 
