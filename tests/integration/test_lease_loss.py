@@ -23,6 +23,13 @@ def gone(pid: int) -> bool:
         return True
 
 
+def counted(port: int, name: str, **labels) -> None:
+    """Wait until /metrics counts at least one of `name` with `labels`. The daemon counts a completion when the
+    server's answer reaches it, a moment after the server shows the job completed, and a restart when it reaps
+    the child, a moment after the child is gone: read once, either may not be there yet."""
+    wait_until(lambda: metric(port, name, **labels) >= 1, timeout=10, what=f"{name} {labels} in /metrics")
+
+
 @pytest.fixture
 def server(tmp_path):
     s = DevServer(str(tmp_path / "dev.db"), extra=["--lease-sweep-interval", "0.2"]).start()
@@ -75,6 +82,7 @@ def test_renewal_answered_409_stops_the_child_and_the_job_completes_once(server)
         refused = [i for i, e in enumerate(sent) if e["lease_id"] == lease and e["status"] == 409]
         assert len(refused) == 1 and sent[refused[0]]["path"].endswith("/heartbeat"), sent
         assert all(e["lease_id"] != lease for e in sent[refused[0] + 1:]), sent  # nothing more under that lease
+        counted(port, "jobs_total", queue="lost409", outcome="completed")
         assert metric(port, "jobs_total", queue="lost409", outcome="lease_lost") == 1
         assert metric(port, "jobs_total", queue="lost409", outcome="completed") == 1
         assert metric(port, "lease_renewals_total", outcome="lost") == 1
@@ -100,6 +108,8 @@ def test_renewal_answered_404_stops_the_child_and_the_job_completes_once(server)
         refused = [i for i, e in enumerate(sent) if e["lease_id"] == lease and e["status"] == 404]
         assert len(refused) == 1 and sent[refused[0]]["path"].endswith("/heartbeat"), sent
         assert all(e["lease_id"] != lease for e in sent[refused[0] + 1:]), sent
+        counted(port, "jobs_total", queue="lost404", outcome="completed")
+        counted(port, "child_restarts_total", reason="lease_lost")
         assert metric(port, "jobs_total", queue="lost404", outcome="lease_lost") == 1
         assert metric(port, "child_restarts_total", reason="lease_lost") == 1
     finally:
@@ -129,6 +139,7 @@ def test_a_result_refused_because_the_job_was_handed_out_again_is_dropped(server
         assert [(e["path"].rsplit("/", 1)[1], e["status"], e["lease_id"]) for e in sent] == [
             ("complete", 404, lease), ("complete", 200, stolen["lease_id"])], sent
         assert server.worker("w-refused")["jobs_processed"] == 1  # the echo job only
+        counted(port, "jobs_total", queue="refused", outcome="completed")
         assert metric(port, "jobs_total", queue="refused", outcome="lease_lost") == 1
         assert metric(port, "jobs_total", queue="refused", outcome="completed") == 1
         assert not d.events(LOST)
@@ -151,6 +162,8 @@ def test_the_same_job_reissued_while_the_old_copy_runs_stops_the_old_copy(server
         job = check_completed_once(server, job_id, lease, "w-reissued")
         assert job["result"]["pid"] != victim
         assert all(e["lease_id"] != lease for e in job_requests(server, job_id))  # not one word under the old lease
+        counted(port, "jobs_total", queue="reissued", outcome="completed")
+        counted(port, "child_restarts_total", reason="lease_lost")
         assert metric(port, "jobs_total", queue="reissued", outcome="lease_lost") == 1
         assert metric(port, "jobs_total", queue="reissued", outcome="completed") == 1
         assert metric(port, "child_restarts_total", reason="lease_lost") == 1

@@ -73,7 +73,11 @@ def test_health_port_metrics_and_status_command(dev_server):
         wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200, timeout=10,
                    what="/readyz 200")
         assert requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        # The daemon counts a job when the server's answer to its report reaches it, a moment after the server
+        # shows the job settled: poll for the last counts rather than reading them once.
+        text = wait_until(lambda: (lambda t: t if 'outcome="completed"} 5' in t and 'outcome="failed"} 1' in t
+                                   else None)(requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text),
+                          timeout=10, what="the six jobs in /metrics")
         assert 'spooled_supervisor_jobs_total{queue="q-metrics",outcome="completed"} 5' in text
         assert 'spooled_supervisor_jobs_total{queue="q-metrics",outcome="failed"} 1' in text
         assert "spooled_supervisor_job_duration_seconds_count" in text
