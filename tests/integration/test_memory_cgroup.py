@@ -93,7 +93,11 @@ def test_pressure_pauses_sheds_the_newest_job_keeps_renewing_and_resumes(dev_ser
         held = dev_server.job(waiting)["status"]
         if status_of(port)["memory"]["paused"]:  # paused from before it was enqueued to after it was read
             assert held == "pending"
-        metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        # The memory gauges are refreshed once a second: wait for a refresh that saw the children's memory.
+        gauges = ('spooled_supervisor_memory_pressure{state="max"}', "spooled_supervisor_memory_limit_bytes 1073741824",
+                  "spooled_supervisor_child_memory_bytes{")
+        metrics = wait_until(lambda: (lambda t: t if all(g in t for g in gauges) else None)(
+            requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text), timeout=10, what="the memory gauges")
         assert 'spooled_supervisor_memory_pressure{state="max"}' in metrics
         assert "spooled_supervisor_memory_limit_bytes 1073741824" in metrics
         assert "spooled_supervisor_child_memory_bytes{" in metrics
