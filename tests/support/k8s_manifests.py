@@ -3,6 +3,8 @@ a container's environment by name and a flag's value in its arguments."""
 
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 import yaml
@@ -11,6 +13,13 @@ K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
 
 
 def load_docs(name: str) -> list[dict]:
+    """The documents of deploy/k8s/`name`, a copy of its own for each caller (to change at will)."""
+    return copy.deepcopy(_parsed(name))
+
+
+@functools.cache
+def _parsed(name: str) -> list[dict]:
+    """Parsed once a session: a test that computes replicas for a hundred samples reads the file each time."""
     return [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
 
 
