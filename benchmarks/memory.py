@@ -162,7 +162,9 @@ def pool_main(procs: int, jobs: int, job_mb: int) -> None:
         cpu = children_cpu(pids) - cpu
         mem = memory_of(pids)
     finally:
-        pool.terminate()
+        # close + join, not terminate(): a worker SIGTERMed while another holds the task queue's lock can block
+        # on it for ever (a hang of the in-suite tiny run under coverage, as run.py's Pool had)
+        pool.close()
         pool.join()
     print(json.dumps(summary("multiprocessing.Pool", procs, len(model.MODEL) // MiB, first, mem, jobs, rate, cpu,
                              None)))
