@@ -39,7 +39,7 @@ def reserve_behind_a_long_job(server: DevServer, daemon: Daemon, port: int, long
     long_id = server.enqueue(daemon.queue, long_payload)
     wait_id = server.enqueue(daemon.queue, waiting_payload, **waiting_fields)
     wait_until(lambda: status(port)["reserved"] == 1, timeout=10, what="a job held in reserve")
-    jobs = wait_until(lambda: held_by(server, daemon.worker_id, long_id, wait_id), timeout=5,
+    jobs = wait_until(lambda: held_by(server, daemon.worker_id, long_id, wait_id), timeout=10,
                       what="both jobs processing for this worker")
     return long_id, wait_id, jobs[1]
 

@@ -86,7 +86,7 @@ def test_health_port_metrics_and_status_command(dev_server):
                    requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text, timeout=5, what="children gauge")
         snap = status_of(port)
         assert snap["worker_id"] == "w-metrics" and snap["registered"] and len(snap["children"]) == 2
-        wait_until(lambda: all(c["rss_bytes"] for c in status_of(port)["children"]), timeout=5, what="child RSS")
+        wait_until(lambda: all(c["rss_bytes"] for c in status_of(port)["children"]), timeout=15, what="child RSS")
         import subprocess
         import sys
 
