@@ -18,8 +18,8 @@ Sections, each run side by side in one go against dev servers on loopback:
            `git worktree` of the commit before claim-ahead), on the same dev server, in the same run.
   noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead three times, their median the
            figure; REST --prefetch 0 and gRPC once).
-  fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
-           makespan / ideal makespan, and how evenly the jobs split.
+  fleet    two daemons on one queue, started and idle, then handed jobs of 2 s (sleep, so the cores do not
+           limit it), 20 ms latency: makespan / ideal makespan, and how evenly the jobs split.
   budget   the dev server limits the organization to R requests/s (burst 2R, as Spooled's plans
            allow) for R = 5, 25, 100; 20 ms jobs. jobs/s, requests per job and 429s per 100 jobs,
            counted by the server itself (GET /_dev/stats), for the daemon and the SDK worker.
@@ -313,12 +313,12 @@ def fleet_section(args, tmp: str) -> dict:
     try:
         queue = "fleet"
         count = args.fleet_jobs
+        for i in range(2):  # both up and idle first, as a fleet in service is, then the jobs arrive
+            daemons.append(Daemon(server, tmp, queue, per, 0.1, worker_id=f"fleet-{i}").launch())
+        for d in daemons:
+            d.wait_ready()
         ids = server.enqueue(queue, {"sleep_s": secs}, count)
         db = Db(server.db)
-        for i in range(2):
-            daemons.append(Daemon(server, tmp, queue, per, 0.1, worker_id=f"fleet-{i}"))
-        for d in daemons:
-            d.start()
         wait_done(db, queue, len(ids), 120 + count * secs, lambda: all(d.alive() for d in daemons))
         done, span = db.span(queue)
         split = db.by_worker(queue)
