@@ -106,11 +106,14 @@ def test_the_steady_rate_leaves_out_the_ends_of_a_batch(tmp_path):
 
     path = tmp_path / "jobs.db"
     with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE jobs(queue_name TEXT, status TEXT, started_at REAL, completed_at REAL)")
+        # created_at: Db counts only the jobs created since it was made (0 here: all of them)
+        db.execute("CREATE TABLE jobs(queue_name TEXT, status TEXT, started_at REAL, completed_at REAL, "
+                   "created_at REAL DEFAULT 0.0)")
         ends = [0.5] + [1.0 + 0.01 * i for i in range(18)] + [3.0]  # 20 jobs: a late first and last one
-        db.executemany("INSERT INTO jobs VALUES ('q', 'completed', 0.0, ?)", [(t,) for t in ends])
-        db.execute("INSERT INTO jobs VALUES ('q', 'pending', NULL, NULL)")
-        db.execute("INSERT INTO jobs VALUES ('few', 'completed', 0.0, 1.0)")
+        insert = "INSERT INTO jobs(queue_name, status, started_at, completed_at) VALUES"
+        db.executemany(f"{insert} ('q', 'completed', 0.0, ?)", [(t,) for t in ends])
+        db.execute(f"{insert} ('q', 'pending', NULL, NULL)")
+        db.execute(f"{insert} ('few', 'completed', 0.0, 1.0)")
     reader = Db(str(path))
     jobs, secs = reader.steady("q")
     assert jobs == 15 and abs(secs - 0.15) < 1e-9  # the 3rd to the 18th completion: 1.01 .. 1.16

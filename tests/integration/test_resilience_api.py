@@ -134,15 +134,16 @@ def test_503s_and_cut_answers_lose_no_job(tmp_path):
     try:
 
         def all_completed():
-            server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
-            try:
-                jobs = [server.job(j) for j in ids]
-            finally:
-                server.request("POST", "/_dev/faults", json={"fail_503": 0.25, "delay_ms": 0, "cut": 0.1})
-            return jobs if all(j["status"] == "completed" for j in jobs) else None
+            # Read from the server's request log (a dev route, which the faults leave alone): switching the faults
+            # off to read the jobs left the daemon's calls fault-free for much of each poll on a loaded machine.
+            completed = {e["path"].split("/")[4] for e in server.requests_seen()
+                         if e["method"] == "POST" and e["path"].endswith("/complete") and e["status"] == 200}
+            return set(ids) <= completed
 
-        jobs = wait_until(all_completed, timeout=60, interval=0.5, what="all 30 jobs completed despite faults")
+        wait_until(all_completed, timeout=60, interval=0.5, what="all 30 jobs completed despite faults")
         server.request("POST", "/_dev/faults", json={"fail_503": 0, "delay_ms": 0, "cut": 0})
+        jobs = [server.job(j) for j in ids]
+        assert all(j["status"] == "completed" for j in jobs), [j["status"] for j in jobs]
         assert sorted(j["result"]["echo"]["n"] for j in jobs) == list(range(30))
         stats = server.stats()
         assert stats["processing"] == 0 and stats["deadletter"] == 0 and stats["pending"] == 0, stats
