@@ -20,6 +20,7 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from queue import SimpleQueue
 
@@ -43,15 +44,16 @@ from supervisor.parent.facts import (
     Fatal,
     Followup,
     HandBack,
-    Heard,
     JobDone,
     JobReturned,
     JobStarted,
+    Listening,
     RecallJob,
     Registered,
     ShedJob,
     StopJob,
     TakenOver,
+    WorkCreated,
 )
 from supervisor.parent.jobs import JobFlow
 from supervisor.parent.membership import Membership
@@ -179,7 +181,7 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
-        self.hear(self.listener.turn(now, self.may_claim()), now)
+        self.route(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
@@ -214,7 +216,7 @@ class Arbiter:
         elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
         elif source == "events":
-            self.hear(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
+            self.route(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
@@ -259,46 +261,53 @@ class Arbiter:
                 facts = followup.recover(now)
             self.route(facts, now)
 
-    def route(self, facts: list[Fact], now: float) -> None:
-        """Hand each fact to the part that acts on it."""
+    def route(self, facts: Sequence[Fact] | None, now: float) -> None:
+        """Hand each fact to the part that acts on it, and route in turn whatever that part returns."""
+        if not facts:
+            return
         for fact in facts:
-            if isinstance(fact, (JobDone, JobStarted, JobReturned, ChildLost)):
-                self.route(self.jobs.from_child(fact, now), now)
-            elif isinstance(fact, RecallJob):
-                self.pool.recall_job(fact.slot, fact.job_id)
-            elif isinstance(fact, StopJob):
-                self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
-            elif isinstance(fact, ChildReady):
+            match fact:
+                case JobDone():
+                    self.jobs.job_done(fact, now)
+                case JobStarted():
+                    self.route(self.jobs.job_started(fact, now), now)
+                case JobReturned():
+                    self.jobs.job_returned(fact, now)
+                case ChildLost():
+                    self.jobs.child_lost(fact, now)
+                case RecallJob():
+                    self.pool.recall_job(fact.slot, fact.job_id)
+                case StopJob():
+                    self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
+                case WorkCreated() | Listening():
+                    self.jobs.heard(fact, now)
+                case HandBack():
+                    self.jobs.hand_back_reserved(fact.error, now)
+                case ShedJob():
+                    self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+                    self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+                case _:
+                    self.route_lifecycle(fact, now)
+
+    def route_lifecycle(self, fact: Fact, now: float) -> None:
+        """The facts that change the daemon's phase or membership (see `route`); any other is a bug, said loudly."""
+        match fact:
+            case ChildReady():
                 self.child_ready(fact, now)
-            elif isinstance(fact, Registered):
+            case Registered():
                 self.phase = Phase.RUNNING if self.phase is Phase.STARTING else self.phase
                 self.announce_ready_if_up()
-            elif isinstance(fact, Fatal):
+            case Fatal():
                 self.fatal(fact, now)
-            elif isinstance(fact, ExitNow):
+            case ExitNow():
                 self.finish(fact.code)
-            elif isinstance(fact, TakenOver):
+            case TakenOver():
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
-            elif isinstance(fact, DrainAsked):
+            case DrainAsked():
                 self.begin_drain(now, exitcodes.OK)
-            elif isinstance(fact, (HandBack, ShedJob)):
-                self.relieve_memory(fact, now)
-
-    def relieve_memory(self, fact: HandBack | ShedJob, now: float) -> None:
-        """Under memory pressure: hand the reserved jobs back, or stop a running one and fail its job."""
-        if isinstance(fact, HandBack):
-            self.jobs.hand_back_reserved(fact.error, now)
-        else:
-            self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
-            self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
-
-    def hear(self, news: list[Heard | Fatal], now: float) -> None:
-        """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
-        for fact in news:
-            if isinstance(fact, Fatal):
-                self.fatal(fact, now)
-            else:
-                self.jobs.heard(fact, now)
+            case _:
+                log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
+                          fact=repr(fact)[:300])
 
     def reap(self, child, now: float) -> None:
         try:

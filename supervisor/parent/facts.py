@@ -137,9 +137,9 @@ class Listening:
     live: bool
 
 
-Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob)
 Heard = WorkCreated | Listening  # what the events stream tells the job flow
+Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
+        | TakenOver | DrainAsked | HandBack | ShedJob | Heard)
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,8 @@ class Followup:
     raises (a bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the
     call held, so nothing waits on it for ever."""
 
-    answer: Callable[[Any, ApiError | None, float], list[Fact]]
-    recover: Callable[[float], list[Fact]]
+    answer: Callable[[Any, ApiError | None, float], list[Fact] | None]
+    recover: Callable[[float], list[Fact] | None]
 
 
 Submit = Callable[..., None]  # submit(call, followup, first=False): the arbiter's way out to the API

@@ -205,38 +205,26 @@ class JobFlow:
                 "duration": round(duration, 4)}
 
     # ------------------------------------------------------------ what children did
-    def from_child(self, fact: JobDone | JobStarted | JobReturned | ChildLost, now: float) -> list[Fact]:
-        """Act on what a child did with its jobs: answered, started a held one, gave one back, was lost."""
-        if isinstance(fact, JobDone):
-            return self.job_done(fact, now)
-        if isinstance(fact, JobStarted):
-            return self.job_started(fact, now)
-        if isinstance(fact, JobReturned):
-            return self.job_returned(fact, now)
-        return self.child_lost(fact, now)
-
-    def job_done(self, fact: JobDone, now: float) -> list[Fact]:
+    def job_done(self, fact: JobDone, now: float) -> None:
         """A child answered for its job: record the outcome; `send_reports` tells the API."""
         entry = self.inflight.get(fact.job_id)
         if entry is None or entry.slot != fact.slot:
             log_event(log, DEBUG, "result for a job no longer held; dropped", job_id=fact.job_id, slot=fact.slot)
-            return []
+            return
         self.inflight.finish(entry, Outcome(fact.ok, fact.value, "completed" if fact.ok else "failed"), now)
         self.unsent.append(entry)
         intake = self.queues.get(entry.queue)
         if intake is not None:
             intake.gave_work(now, entry.duration)  # ask it again at once
-        return []
 
-    def child_lost(self, fact: ChildLost, now: float) -> list[Fact]:
+    def child_lost(self, fact: ChildLost, now: float) -> None:
         """The child on `fact.slot` stopped without answering: fail the job it ran, if any."""
         entry = self.inflight.on_child(fact.slot)
         if entry is None:
-            return []
+            return
         if fact.outcome == "crashed":
             log_event(log, ERROR, "child died during a job", cause=fact.error, **self.job_fields(entry, now))
         self._fail(entry, fact.error, now, fact.outcome)
-        return []
 
     def job_started(self, fact: JobStarted, now: float) -> list[Fact]:
         """A child started the job it held (at `fact.at`): its timeout counts from then. A job no longer
@@ -249,23 +237,20 @@ class JobFlow:
         self._start(entry, fact.slot, entry.pid, fact.at)
         return []
 
-    def job_returned(self, fact: JobReturned, now: float) -> list[Fact]:
+    def job_returned(self, fact: JobReturned, now: float) -> None:
         """A child gave back its held job unstarted: it waits for a child again."""
         entry = self.inflight.get(fact.job_id)
         kept = entry is not None and entry.held and entry.slot == fact.slot
         if entry is not None and kept:
             self.inflight.unhold(entry)
         log_event(log, DEBUG, "held job returned", job_id=fact.job_id, slot=fact.slot, kept=kept)
-        return []
 
-    def hand_back_reserved(self, error: str, now: float) -> int:
+    def hand_back_reserved(self, error: str, now: float) -> None:
         """Give every reserved job (claimed, not started) back to the queue, failed with `error` (the API has
-        no release: a fail puts it back, to be retried, by this worker or another); return how many."""
-        entries = self.inflight.waiting()
-        for entry in entries:
+        no release: a fail puts it back, to be retried, by this worker or another)."""
+        for entry in self.inflight.waiting():
             log_event(log, INFO, "handing a reserved job back", error=error, **self.job_fields(entry, now))
             self._fail(entry, error, now, "failed")
-        return len(entries)
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
         """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
@@ -350,9 +335,9 @@ class JobFlow:
         self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
         if self.cfg.prefetch != 0 and not rate and intake.run_time.value is None and intake.ask_history():
             self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
-                                                                         lambda now: []))
+                                                                         lambda now: None))
 
-    def on_history(self, intake: QueueIntake, stats, error, now: float) -> list[Fact]:
+    def on_history(self, intake: QueueIntake, stats, error, now: float) -> None:
         """A queue's statistics (asked with its first claim while no run time is known, unless requests
         are scarce: --prefetch 0, a request budget): when they say its jobs are short, their mean seeds
         the run time, so the next claims reach ahead (claim_size) before any job of this daemon ends."""
@@ -361,7 +346,6 @@ class JobFlow:
             intake.run_time.seed(seed)
             log_event(log, DEBUG, "run time seeded from the queue's statistics", queue=intake.name,
                       run_time=round(seed, 4))
-        return []
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
         return Need(idle=idle, waiting=self.reserved(), remaining=self._busy_remaining(now),

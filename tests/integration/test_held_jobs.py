@@ -386,8 +386,8 @@ def test_a_held_jobs_timeout_counts_from_the_start_the_child_reports():
     flow.hold(entry, holder)
     assert flow.reserved() == 1 and flow.held() == 1 and flow.inflight.waiting_count() == 0
     assert flow.enforce(11.5) == [] and entry.timeout_at is None  # held 1.5 s: its 1 s timeout has not begun
-    flow.from_child(JobDone(0, "run", True, None), 12.0)
-    assert flow.from_child(JobStarted(0, "next", 11.9), 12.0) == []
+    flow.job_done(JobDone(0, "run", True, None), 12.0)
+    assert flow.job_started(JobStarted(0, "next", 11.9), 12.0) == []
     assert entry.started_at == 11.9 and entry.timeout_at == 12.9 and flow.held() == 0
     assert flow.enforce(12.8) == []
     assert flow.enforce(12.9) == [StopJob(0, "next", "timeout")]
@@ -399,17 +399,17 @@ def test_a_held_job_whose_lease_is_lost_is_recalled_not_its_child_stopped():
     flow.hold(entry, holder)
     facts = flow._lease_lost(entry, "gone", 10.5)
     assert facts == [RecallJob(0, "next")] and flow.inflight.get("next") is None
-    assert flow.from_child(JobReturned(0, "next"), 10.6) == []  # given back unstarted: nothing more to do
+    assert flow.job_returned(JobReturned(0, "next"), 10.6) is None  # given back unstarted: nothing more to do
     # had the child started it before reading the recall, it is stopped at once
-    assert flow.from_child(JobStarted(0, "next", 10.6), 10.7) == [StopJob(0, "next", "lease_lost")]
+    assert flow.job_started(JobStarted(0, "next", 10.6), 10.7) == [StopJob(0, "next", "lease_lost")]
 
 
 def test_a_held_job_given_back_waits_for_a_child_again_and_a_dead_childs_job_still_fails():
     flow, _, child = flow_holding()
     ((holder, entry),) = flow.holds([child], 10.001)
     flow.hold(entry, holder)
-    flow.from_child(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
-    flow.from_child(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
+    flow.job_returned(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
+    flow.child_lost(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
     assert [e.id for e in flow.inflight.waiting()] == ["next"] and entry.slot is None
     assert flow.inflight.get("run").outcome.label == "crashed"
 

@@ -50,7 +50,7 @@ class Rig:
 
     def finish(self, job_id: str = "a", slot: int = 0, ok: bool = True, value=None, now: float = T0 + 1):
         """The child on `slot` answers for `job_id`; return the report call sent for it."""
-        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) == []
+        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) is None
         self.flow.send_reports()
         return self.submit.take("complete" if ok else "fail")
 
@@ -192,7 +192,7 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
     # whatever the old copy's child answers is void
-    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) == [] and rig.flow.unsent == []
+    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) is None and rig.flow.unsent == []
 
 
 def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
@@ -482,7 +482,7 @@ def test_child_lost_fails_its_job_with_the_error_and_label(rig):
     rig.run("a", slot=1)
     rig.run("b", slot=0)
     lost = ChildLost(1, "ChildProcessDied: the child process running this job (pid 7) killed by SIGKILL", "crashed")
-    assert rig.flow.child_lost(lost, T0 + 2) == []
+    assert rig.flow.child_lost(lost, T0 + 2) is None
     call, followup, _ = rig.submit.take("fail")
     assert call.path.endswith("/jobs/a/fail") and body(call)["error"] == lost.error
     followup.answer({}, None, T0 + 2.1)
@@ -492,14 +492,14 @@ def test_child_lost_fails_its_job_with_the_error_and_label(rig):
 
 def test_child_lost_on_a_slot_without_a_job_does_nothing(rig):
     rig.run("a", slot=0)
-    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) == []
+    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) is None
     assert rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
 def test_job_done_for_a_job_no_longer_held_is_dropped(rig):
     rig.run("a", slot=0)
-    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) == []
-    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) == []  # not the child that runs it
+    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) is None
+    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) is None  # not the child that runs it
     rig.flow.send_reports()
     assert rig.flow.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
 
