@@ -6,7 +6,7 @@ these facts, and the arbiter routes each one to the part that acts on it (`Arbit
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,8 +148,8 @@ class Followup:
     raises (a bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the
     call held, so nothing waits on it for ever."""
 
-    answer: Callable[[Any, ApiError | None, float], list[Fact] | None]
-    recover: Callable[[float], list[Fact] | None]
+    answer: Callable[[Any, ApiError | None, float], Sequence[Fact] | None]
+    recover: Callable[[float], Sequence[Fact] | None]
 
 
 Submit = Callable[..., None]  # submit(call, followup, first=False): the arbiter's way out to the API

@@ -13,8 +13,10 @@ were a fifth of the parent's CPU.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from supervisor.parent.single import OneAtATime
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,8 @@ class Entry:
     timeout_at: float | None = None  # its timeout_seconds from when a child started it
     outcome: Outcome | None = None  # once the child is done with it
     duration: float | None = None  # how long the child ran it, once it ended
-    renewing: bool = False  # a renewal is on the wire
-    reporting: bool = False  # its outcome is on the wire
+    renewal: OneAtATime = field(default_factory=OneAtATime)  # a renewal of its lease on the wire
+    report: OneAtATime = field(default_factory=OneAtATime)  # its outcome on the wire
     report_attempts: int = 0
     report_due_at: float | None = None  # send the outcome again at this time (after a failed attempt)
 
@@ -147,13 +149,18 @@ class InFlight:
         entry.outcome = outcome
 
     # -- reports --
-    def begin_report(self, entry: Entry) -> None:
-        entry.reporting, entry.report_due_at = True, None
+    def begin_report(self, entry: Entry) -> bool:
+        """Send its outcome now, unless a report of it is on the wire (then False)."""
+        if not entry.report.start():
+            return False
+        entry.report_due_at = None
         entry.report_attempts += 1
+        return True
 
     def report_answered(self, entry: Entry, retry_at: float | None = None) -> None:
         """The report's answer came (or it failed): send it again at `retry_at` if given."""
-        entry.reporting, entry.report_due_at = False, retry_at
+        entry.report.done()
+        entry.report_due_at = retry_at
         self._lower(retry_at)
 
     def reports_due(self, now: float) -> list[Entry]:
@@ -161,16 +168,17 @@ class InFlight:
 
     # -- leases --
     def begin_renewal(self, entry: Entry) -> None:
-        entry.renewing = True
+        entry.renewal.start()
 
     def renewed(self, entry: Entry, sent_at: float) -> None:
         entry.lease_until = sent_at + self.lease_secs
         entry.renew_at = sent_at + self.renew_every
-        entry.renewing = False
+        entry.renewal.done()
         self._lower(entry.renew_at)
 
     def renewal_failed(self, entry: Entry, retry_at: float) -> None:
-        entry.renewing, entry.renew_at = False, retry_at
+        entry.renewal.done()
+        entry.renew_at = retry_at
         self._lower(self._renewal_deadline(entry))
 
     # -- queries --
@@ -193,7 +201,7 @@ class InFlight:
         return list(self._running.values())
 
     def renewals_due(self, now: float) -> list[Entry]:
-        return [e for e in self.jobs.values() if not e.renewing and e.renew_at <= now]
+        return [e for e in self.jobs.values() if not e.renewal.busy and e.renew_at <= now]
 
     def timed_out(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if e.timeout_at is not None and e.timeout_at <= now and e.outcome is None]
@@ -210,7 +218,7 @@ class InFlight:
     def _renewal_deadline(self, e: Entry) -> float | None:
         """The renewal, or for a job not started its lease's end if sooner (a renewal retried past it):
         then `enforce` drops the job. None while a renewal is on the wire."""
-        if e.renewing:
+        if e.renewal.busy:
             return None
         return min(e.renew_at, e.lease_until) if self._waiting.get(e.id) is e or e.held else e.renew_at
 

@@ -55,6 +55,7 @@ from supervisor.parent.intake import (
     may_hold,
     next_need_at,
 )
+from supervisor.parent.single import OneAtATime
 from supervisor.parent.wake import SAFETY_POLL
 
 log = logging.getLogger("supervisor")
@@ -126,7 +127,7 @@ class JobFlow:
         self.hooks = hooks
         self.inflight = InFlight(cfg.lease)  # every job this worker holds
         self.queues = {name: QueueIntake(name) for name in cfg.queues}  # in priority order
-        self.claim_inflight = False  # a claim is on the wire
+        self.claim = OneAtATime()  # a claim on the wire
         self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
         self.claim_not_before = 0.0  # after a failed claim: a back-off no freed child may cut short
         self.claim_failures = 0  # claims in a row that failed
@@ -139,7 +140,7 @@ class JobFlow:
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
         """Nothing left to finish: no job held (or, after stop_starting, none but the unstarted reserve)."""
-        if self.claim_inflight:
+        if self.claim.busy:
             return False
         return not self.inflight.jobs if self.starting else self.inflight.waiting_count() == len(self.inflight)
 
@@ -149,7 +150,7 @@ class JobFlow:
         when the starts within the claim horizon will outnumber the jobs waiting; never before
         `claim_gate` (the request budget's say)."""
         times = [t for t in (self.inflight.next_deadline(),) if t is not None]
-        if may_claim and not self.claim_inflight:
+        if may_claim and not self.claim.busy:
             soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
             if idle > self.inflight.waiting_count():
                 times.append(soonest)  # a child is idle with no job waiting for it
@@ -173,7 +174,7 @@ class JobFlow:
     def exhausted(self) -> bool:
         """Every queue's last claim found fewer jobs than asked, and nothing is held or being claimed:
         what `--until-empty` waits for."""
-        return (not self.inflight.jobs and not self.claim_inflight
+        return (not self.inflight.jobs and not self.claim.busy
                 and all(q.empty_claims > 0 for q in self.queues.values()))
 
     def by_queue(self) -> dict[str, dict]:
@@ -322,7 +323,7 @@ class JobFlow:
                     rate: float | None = None) -> None:
         """Claim for the children that are idle or soon will be (intake.claim_size), from the first queue
         not backing off; one claim on the wire at a time, none while a back-off or the budget holds."""
-        if not may_claim or not budget_ok or self.claim_inflight or now < self.claim_not_before:
+        if not may_claim or not budget_ok or self.claim.busy or now < self.claim_not_before:
             return
         intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
         if intake is None:
@@ -330,9 +331,10 @@ class JobFlow:
         size = claim_size(self._need(now, idle, procs, rate))
         if size <= 0:
             return
-        self.claim_inflight = True
+        self.claim.start()
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
-        self.submit(call, Followup(partial(self.on_claim, intake, size, now), self.recover_claim), first=True)
+        self.submit(call, self.claim.followup(partial(self.on_claim, intake, size, now), self.recover_claim),
+                    first=True)
         if self.cfg.prefetch != 0 and not rate and intake.run_time.value is None and intake.ask_history():
             self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
                                                                          lambda now: None))
@@ -371,7 +373,7 @@ class JobFlow:
         return math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now)
 
     def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
-        self.claim_inflight = False
+        """A claim's answer: take its jobs into the table (or back off after a failed claim)."""
         if error is not None:
             return self._claim_failed(error, now)
         self.claim_rtt.add(now - sent_at)
@@ -399,10 +401,9 @@ class JobFlow:
             if isinstance(fact, Listening) or fact.queue is None or intake.name == fact.queue:
                 intake.hinted(now)
 
-    def recover_claim(self, now: float) -> list[Fact]:
-        self.claim_inflight = False
+    def recover_claim(self, now: float) -> None:
+        """Handling a claim's answer raised: claim again after a second."""
         self.claim_not_before = now + 1.0
-        return []
 
     def _claim_failed(self, error: api.ApiError, now: float) -> list[Fact]:
         self.claim_failures += 1
@@ -438,15 +439,14 @@ class JobFlow:
 
     def _report(self, entry: Entry) -> None:
         """Tell the API how the job ended (complete or fail), once at a time; retried by on_report."""
-        if entry.reporting or entry.outcome is None:
+        if entry.outcome is None or not self.inflight.begin_report(entry):
             return
-        self.inflight.begin_report(entry)
         out = entry.outcome
         if out.ok:
             call = self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         else:
             call = self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
-        self.submit(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
+        self.submit(call, entry.report.followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
 
     def on_report(self, entry: Entry, _result, error, now: float) -> list[Fact]:
         if not self.inflight.holds(entry) or entry.outcome is None:
@@ -499,10 +499,10 @@ class JobFlow:
             return
         intake.retry_due(now + min(2 ** min(retries, 6), 60) + RETRY_JITTER)
 
-    def recover_report(self, entry: Entry, now: float) -> list[Fact]:
+    def recover_report(self, entry: Entry, now: float) -> None:
+        """Handling a report's answer raised: send it again after a second."""
         if self.inflight.holds(entry):
             self.inflight.report_answered(entry, retry_at=now + 1.0)
-        return []
 
     # ------------------------------------------------------------ deadlines and leases
     def enforce(self, now: float) -> list[Fact]:
@@ -512,7 +512,7 @@ class JobFlow:
             return []
         facts: list[Fact] = []
         for entry in self.inflight.waiting() + self.inflight.held():
-            if entry.lease_until <= now and not entry.renewing:
+            if entry.lease_until <= now and not entry.renewal.busy:
                 # The loop did not run for longer than the lease (the host paused, the API unreachable):
                 # the server has re-queued the job, so this copy must never reach a child.
                 facts += self._lease_lost(entry, "its lease ran out while it waited for a child", now)
@@ -529,7 +529,8 @@ class JobFlow:
         for entry in self.inflight.renewals_due(now):
             self.inflight.begin_renewal(entry)
             call = self.api.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
-            self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
+            self.submit(call, entry.renewal.followup(partial(self.on_renew, entry, now),
+                                                     partial(self.recover_renew, entry)))
         self.inflight.rescan()
         return facts
 
@@ -558,9 +559,9 @@ class JobFlow:
                   lease_left=round(entry.lease_until - now, 2), **self.job_fields(entry, now))
         return []
 
-    def recover_renew(self, entry: Entry, now: float) -> list[Fact]:
+    def recover_renew(self, entry: Entry, now: float) -> None:
+        """Handling a renewal's answer raised: renew again after a second."""
         self.inflight.renewal_failed(entry, now + 1.0)
-        return []
 
     def _lease_lost(self, entry: Entry, error: str, now: float) -> list[Fact]:
         """The API says this worker no longer holds the job: drop it, send nothing more for it, and

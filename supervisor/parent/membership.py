@@ -28,7 +28,8 @@ from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
-from supervisor.parent.facts import DrainAsked, ExitNow, Fact, Fatal, Followup, Registered, Submit, TakenOver
+from supervisor.parent.facts import DrainAsked, ExitNow, Fact, Fatal, Registered, Submit, TakenOver
+from supervisor.parent.single import OneAtATime
 
 log = logging.getLogger("supervisor")
 
@@ -39,29 +40,29 @@ class Membership:
         self.api = client  # builds the calls
         self.submit = submit  # the arbiter's HTTP client
         self.registered = False  # the API knows this worker now
-        self.register_inflight = False
+        self.registration = OneAtATime()  # a registration on the wire
         self.register_at: float | None = None  # (re)register at this time
         self.register_attempts = 0  # failed registrations in a row
         self.procs = cfg.procs  # max_concurrency told at registration
         self.heartbeat_interval = 10.0  # as the API asked at registration
-        self.heartbeat_inflight = False
+        self.heartbeat = OneAtATime()  # a heartbeat on the wire
         self.next_heartbeat_at = float("inf")
         self.api_ok_at: float | None = None  # the last time the API answered at all
         self.identity = identity.instance_metadata()  # who this daemon is, in its metadata
         self.row_check_at: float | None = None  # read the worker row back at this time (takeover check)
-        self.row_check_inflight = False
+        self.row_check = OneAtATime()  # a read of the worker row on the wire
         self.yielded = False  # a newer instance took the worker id over: no more heartbeats, no deregister
         self.commands_seen: set[str] = set()  # heartbeat commands already logged as unknown
 
     # ------------------------------------------------------------ reading
     def next_deadline(self) -> float | None:
         times = [t for t in (self.register_at, self.row_check_at) if t is not None]
-        if self.registered and not self.heartbeat_inflight and not self.yielded:
+        if self.registered and not self.heartbeat.busy and not self.yielded:
             times.append(self.next_heartbeat_at)
         return min(times) if times else None
 
     def heartbeat_due(self, now: float) -> bool:
-        return self.registered and not self.heartbeat_inflight and not self.yielded and now >= self.next_heartbeat_at
+        return self.registered and not self.heartbeat.busy and not self.yielded and now >= self.next_heartbeat_at
 
     def api_answered(self, now: float) -> None:
         """Any answer from the API (an error included, but not a network failure): it is reachable."""
@@ -74,15 +75,15 @@ class Membership:
     # ------------------------------------------------------------ registering
     def register(self, procs: int, now: float | None = None) -> None:
         """Register (again) with `procs` as the worker's concurrency."""
-        if self.register_inflight:
+        if not self.registration.start():
             return
-        self.procs, self.register_at, self.register_inflight = procs, None, True
+        self.procs, self.register_at = procs, None
         self.register_attempts += 1
         metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor",
                     "queues": list(self.cfg.queues), **self.identity}
         call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata,
                                       list(self.cfg.queues))
-        self.submit(call, Followup(self.on_register, self.recover_register))
+        self.submit(call, self.registration.followup(self.on_register, self.recover_register))
 
     def register_if_due(self, now: float, procs: int) -> None:
         """(Re)register when a retry is due, with the pool's current size."""
@@ -90,7 +91,7 @@ class Membership:
             self.register(procs, now)
 
     def on_register(self, answer, error, now: float) -> list[Fact]:
-        self.register_inflight = False
+        """The registration's answer: registered, or retry on a back-off, or a fact the daemon cannot work past."""
         if error is None:
             self.registered = True
             self.register_attempts = 0
@@ -120,11 +121,10 @@ class Membership:
         self.register_at = now + wait
         return []
 
-    def recover_register(self, now: float) -> list[Fact]:
-        self.register_inflight = False
+    def recover_register(self, now: float) -> None:
+        """Handling the registration's answer raised: register again in 5 s unless registered."""
         if not self.registered:
             self.register_at = now + 5.0
-        return []
 
     def deregistered(self) -> None:
         self.registered = False
@@ -134,13 +134,13 @@ class Membership:
     def send_heartbeat(self, now: float, current_jobs: int, status: str, metadata: dict,
                        cpu: float, mem: float) -> None:
         """Send the worker heartbeat; one at a time, on the interval the API gave."""
-        self.heartbeat_inflight = True
+        self.heartbeat.start()
         self.next_heartbeat_at = now + self.heartbeat_interval
         call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
-        self.submit(call, Followup(self.on_heartbeat, self.recover_heartbeat))
+        self.submit(call, self.heartbeat.followup(self.on_heartbeat))
 
     def on_heartbeat(self, answer, error, now: float) -> list[Fact]:
-        self.heartbeat_inflight = False
+        """A heartbeat's answer: follow what it says; re-register if the API forgot us; retry soon on failure."""
         if error is None:
             self.row_check_at = now + self.heartbeat_interval / 2
             return self._follow_answer(answer, now)
@@ -154,10 +154,6 @@ class Membership:
         else:
             self.next_heartbeat_at = min(self.next_heartbeat_at, now + min(self.heartbeat_interval, 2.0))
             log_event(log, WARNING, "heartbeat failed", error=str(error))
-        return []
-
-    def recover_heartbeat(self, now: float) -> list[Fact]:
-        self.heartbeat_inflight = False
         return []
 
     def _follow_answer(self, answer, now: float) -> list[Fact]:
@@ -193,13 +189,13 @@ class Membership:
     def check_row_if_due(self, now: float) -> None:
         """Read the worker row back (half an interval after a heartbeat) to see whether a newer instance
         took the worker id over."""
-        if self.row_check_at is None or now < self.row_check_at or self.row_check_inflight or self.yielded:
+        if self.row_check_at is None or now < self.row_check_at or self.yielded or not self.row_check.start():
             return
-        self.row_check_at, self.row_check_inflight = None, True
-        self.submit(self.api.get_worker_call(self.cfg.worker_id), Followup(self.on_row, self.recover_row))
+        self.row_check_at = None
+        self.submit(self.api.get_worker_call(self.cfg.worker_id), self.row_check.followup(self.on_row))
 
     def on_row(self, row, error, now: float) -> list[Fact]:
-        self.row_check_inflight = False
+        """The worker row read back: a newer instance on it means yield the worker id to it."""
         if error is not None or not isinstance(row, dict):
             return []  # never act on a read that failed
         other = identity.taken_over_by(row, self.identity)
@@ -209,8 +205,4 @@ class Membership:
         log_event(log, ERROR, identity.in_use_message(self.cfg.worker_id, other) + "; this older daemon yields: "
                   "it stops claiming, drains and exits without deregistering")
         return [TakenOver(other)]
-
-    def recover_row(self, now: float) -> list[Fact]:
-        self.row_check_inflight = False
-        return []
 

@@ -417,7 +417,7 @@ def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take
     assert flow.inflight.get("w") is None and flow.inflight.get("f") is fresh
     assert [e.id for _, e in flow.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
     renewed = [c for c, _, _ in submit.calls if c.route == "job_heartbeat"]
-    assert all("/w/" not in c.path for c in renewed) and stale.renewing is False
+    assert all("/w/" not in c.path for c in renewed) and stale.renewal.busy is False
 
 
 # ------------------------------------------------------------------ the same decisions: two children, 50 ms jobs

@@ -12,7 +12,7 @@ def _earliest_due(table: InFlight) -> float:
     """What enforce acts on, from scratch: renewals, a waiting job's lease, timeouts, reports to resend."""
     times = [math.inf]
     for e in table.jobs.values():
-        if not e.renewing:
+        if not e.renewal.busy:
             times.append(e.renew_at)
             if e in table.waiting():
                 times.append(e.lease_until)
@@ -75,13 +75,13 @@ def test_inflight_deadline_bound_is_never_later_than_any_deadline_and_exact_afte
             table.finish(e, Outcome(True, None, "completed"), now)
         elif op == 3 and e.outcome is not None:
             table.begin_report(e)
-        elif op == 4 and e.reporting:
+        elif op == 4 and e.report.busy:
             table.report_answered(e, retry_at=rng.choice([None, now + rng.uniform(0.0, 20.0)]))
-        elif op == 5 and not e.renewing:
+        elif op == 5 and not e.renewal.busy:
             table.begin_renewal(e)
-        elif op == 6 and e.renewing:
+        elif op == 6 and e.renewal.busy:
             table.renewed(e, sent_at=now - rng.uniform(0.0, 0.5))
-        elif op == 7 and e.renewing:
+        elif op == 7 and e.renewal.busy:
             table.renewal_failed(e, now + rng.uniform(0.0, 40.0))  # may land past the lease
         elif op == 8:
             table.pop(e.id)

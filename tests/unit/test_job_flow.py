@@ -80,9 +80,9 @@ def test_claim_asks_for_idle_children_minus_waiting_jobs(rig):
 def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     rig.maybe_claim(T0, 2, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert rig.flow.claim_inflight
+    assert rig.flow.claim.busy
     assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
-    assert not rig.flow.claim_inflight
+    assert not rig.flow.claim.busy
     assert [e.id for e in rig.flow.inflight.waiting()] == ["a", "b"]
     entry = rig.entry("a")
     assert entry.claimed_at == T0 and entry.lease_until == T0 + 30  # the lease counts from when the claim left
@@ -174,7 +174,7 @@ def test_claim_401_is_fatal(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     facts = rig.submit.take("claim")[1].answer(None, error(401, "UNAUTHORIZED"), T0)
     assert len(facts) == 1 and isinstance(facts[0], Fatal) and facts[0].code == exitcodes.AUTH
-    assert not rig.flow.claim_inflight
+    assert not rig.flow.claim.busy
 
 
 def test_malformed_jobs_are_ignored_and_the_others_kept(rig):
@@ -204,8 +204,8 @@ def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
 def test_recover_claim_frees_the_claim_and_waits_a_second(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert followup.recover(T0 + 2) == []
-    assert not rig.flow.claim_inflight and rig.flow.claim_not_before == T0 + 3
+    assert followup.recover(T0 + 2) is None
+    assert not rig.flow.claim.busy and rig.flow.claim_not_before == T0 + 3
 
 
 def test_reports_go_out_while_a_claim_is_on_the_wire(rig):
@@ -278,7 +278,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     assert followup.answer(None, answer, T0 + 2) == []
     entry = rig.entry("a")
-    assert entry is not None and not entry.reporting
+    assert entry is not None and not entry.report.busy
     due = entry.report_due_at
     assert T0 + 2 + 0.1 <= due <= T0 + 2 + 0.2
     assert rig.deadline(T0 + 2) <= due
@@ -286,7 +286,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     assert rig.submit.routes() == []
     rig.flow.enforce(due)
     call, followup, _ = rig.submit.take("complete")
-    assert entry.report_attempts == 2 and entry.reporting
+    assert entry.report_attempts == 2 and entry.report.busy
     rig.flow.enforce(due + 5)
     assert "complete" not in rig.submit.routes()  # one report on the wire at a time
     followup.answer({}, None, due + 0.1)
@@ -349,9 +349,9 @@ def test_report_401_is_fatal(rig):
 def test_recover_report_resends_a_second_later(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    assert followup.recover(T0 + 2) == []
+    assert followup.recover(T0 + 2) is None
     entry = rig.entry("a")
-    assert not entry.reporting and entry.report_due_at == T0 + 3
+    assert not entry.report.busy and entry.report_due_at == T0 + 3
     rig.flow.enforce(T0 + 3)
     assert rig.submit.routes() == ["complete"]
 
@@ -364,7 +364,7 @@ def test_answers_for_an_entry_no_longer_held_are_ignored(rig):
     before = list(rig.hooks.events)
     for answer in (None, error(503), error(401), error(422)):
         assert followup.answer(None, answer, T0 + 3) == []
-    assert followup.recover(T0 + 3) == []
+    assert followup.recover(T0 + 3) is None
     assert rig.entry("a") is new and new.report_due_at is None and rig.hooks.events == before
     assert rig.submit.calls == []
 
@@ -389,7 +389,7 @@ def test_renewal_ok_moves_the_lease_from_when_it_was_sent(rig):
     _, followup, _ = rig.submit.take("job_heartbeat")
     assert followup.answer({}, None, T0 + 12) == []
     entry = rig.entry("a")
-    assert entry.lease_until == T0 + 40 and entry.renew_at == T0 + 20 and not entry.renewing
+    assert entry.lease_until == T0 + 40 and entry.renew_at == T0 + 20 and not entry.renewal.busy
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "ok")]
 
 
@@ -410,7 +410,7 @@ def test_renewal_error_retries_soon(rig):
     _, followup, _ = rig.submit.take("job_heartbeat")
     assert followup.answer(None, error(503), T0 + 11) == []
     entry = rig.entry("a")
-    assert not entry.renewing and T0 + 11 + 1.0 <= entry.renew_at <= T0 + 11 + 2.0
+    assert not entry.renewal.busy and T0 + 11 + 1.0 <= entry.renew_at <= T0 + 11 + 2.0
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "error")]
     rig.flow.enforce(entry.renew_at)
     assert rig.submit.routes() == ["job_heartbeat"]
@@ -440,8 +440,8 @@ def test_recover_renew_retries_a_second_later(rig):
     rig.run("a", slot=0)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    assert followup.recover(T0 + 11) == []
-    assert not rig.entry("a").renewing and rig.entry("a").renew_at == T0 + 12
+    assert followup.recover(T0 + 11) is None
+    assert not rig.entry("a").renewal.busy and rig.entry("a").renew_at == T0 + 12
 
 
 def test_renewal_answer_for_a_settled_job_is_ignored(rig):

@@ -123,8 +123,8 @@ def test_a_successful_registration_resets_the_back_off(rig):
 
 def test_recover_register_tries_again_in_5_s(rig):
     _, followup, _ = rig.register()
-    assert followup.recover(T0) == []
-    assert not rig.members.register_inflight and rig.members.register_at == T0 + 5
+    assert followup.recover(T0) is None
+    assert not rig.members.registration.busy and rig.members.register_at == T0 + 5
 
 
 # ------------------------------------------------------------------ heartbeats
@@ -173,7 +173,7 @@ def test_heartbeat_401_is_fatal(rig):
 def test_recover_heartbeat_frees_the_next_one(rig):
     rig.registered(T0)
     _, followup, _ = rig.heartbeat(T0 + 10)
-    assert followup.recover(T0 + 10.1) == []
+    assert followup.recover(T0 + 10.1) is None
     assert rig.members.heartbeat_due(T0 + 20)
 
 
@@ -278,4 +278,4 @@ def test_recover_row_allows_the_next_check(rig):
     followup.answer(None, None, T0 + 10)
     rig.members.check_row_if_due(T0 + 15)
     _, followup, _ = rig.submit.take("get_worker")
-    assert followup.recover(T0 + 15.1) == [] and not rig.members.row_check_inflight
+    assert followup.recover(T0 + 15.1) is None and not rig.members.row_check.busy

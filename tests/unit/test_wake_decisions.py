@@ -86,7 +86,7 @@ def test_an_empty_claim_waits_for_the_safety_poll_unless_a_job_was_announced_mea
     flow, now = sim.flow, sim.now
     flow.heard(Listening(True), now)
     flow.maybe_claim(now, 2, 2, True)
-    assert flow.claim_inflight
+    assert flow.claim.busy
     claims = lambda: [p for p in sim.pending if p[2].route == "claim"]  # noqa: E731 (the queue's statistics go too)
     [(_, _, call, (followup, _))] = claims()
     flow.heard(WorkCreated("q"), now + 0.01)  # announced while the claim was on the wire
