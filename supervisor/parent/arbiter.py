@@ -35,6 +35,7 @@ from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
+from supervisor.parent.claiming import Claiming
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,
@@ -45,21 +46,25 @@ from supervisor.parent.facts import (
     Followup,
     HandBack,
     JobDone,
+    JobReissued,
     JobReturned,
     JobStarted,
     Listening,
+    QueueFreed,
     RecallJob,
     Registered,
+    RetryDue,
     ShedJob,
     StopJob,
     TakenOver,
     WorkCreated,
 )
-from supervisor.parent.jobs import JobFlow
+from supervisor.parent.inflight import InFlight
 from supervisor.parent.membership import Membership
 from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
+from supervisor.parent.settling import Settling
 from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
@@ -115,7 +120,9 @@ class Arbiter:
         self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
         self.next_pressure_check = 0.0
         self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
-        self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
+        self.inflight = InFlight(cfg.lease)  # every job this worker holds; Claiming fills it, Settling empties it
+        self.claiming = Claiming(cfg, client, self.submit, self.hooks, self.inflight)
+        self.settling = Settling(cfg, client, self.submit, self.hooks, self.inflight)
         self.membership = Membership(cfg, client, self.submit)
         self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
@@ -185,7 +192,7 @@ class Arbiter:
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
-        self.route(self.jobs.enforce(now), now)
+        self.route(self.settling.enforce(now), now)
         self.route(self.pool.enforce(now), now)
         self.check_memory(now)
         self.send_heartbeat(now)
@@ -223,7 +230,8 @@ class Arbiter:
         idle = len(self.pool.idle_children())
         may_claim = self.may_claim()
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
-        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
+        times = [now + 1.0, self.pool.next_deadline(now), self.settling.next_deadline(),
+                 self.claiming.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
                  self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
@@ -262,32 +270,46 @@ class Arbiter:
             self.route(facts, now)
 
     def route(self, facts: Sequence[Fact] | None, now: float) -> None:
-        """Hand each fact to the part that acts on it, and route in turn whatever that part returns."""
+        """Hand each fact to the part that acts on it, and route in turn whatever that part returns: the
+        job's facts here, the children's and memory's in `route_to_pool`, the lifecycle's in `route_lifecycle`."""
         if not facts:
             return
         for fact in facts:
             match fact:
                 case JobDone():
-                    self.jobs.job_done(fact, now)
+                    self.route(self.settling.job_done(fact, now), now)
+                case QueueFreed():
+                    self.claiming.gave_work(fact.queue, now, fact.duration)
                 case JobStarted():
-                    self.route(self.jobs.job_started(fact, now), now)
+                    self.route(self.claiming.job_started(fact, now), now)
                 case JobReturned():
-                    self.jobs.job_returned(fact, now)
+                    self.claiming.job_returned(fact, now)
                 case ChildLost():
-                    self.jobs.child_lost(fact, now)
-                case RecallJob():
-                    self.pool.recall_job(fact.slot, fact.job_id)
-                case StopJob():
-                    self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
+                    self.settling.child_lost(fact, now)
+                case JobReissued():
+                    self.route(self.settling.lease_lost(fact.old, "the server handed this job out again under a new "
+                                                                  "lease", now), now)
+                case RetryDue():
+                    self.claiming.retry_due(fact.queue, fact.at)
                 case WorkCreated() | Listening():
-                    self.jobs.heard(fact, now)
-                case HandBack():
-                    self.jobs.hand_back_reserved(fact.error, now)
-                case ShedJob():
-                    self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
-                    self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+                    self.claiming.heard(fact, now)
                 case _:
-                    self.route_lifecycle(fact, now)
+                    self.route_to_pool(fact, now)
+
+    def route_to_pool(self, fact: Fact, now: float) -> None:
+        """The facts that stop or recall a child's job (see `route`)."""
+        match fact:
+            case RecallJob():
+                self.pool.recall_job(fact.slot, fact.job_id)
+            case StopJob():
+                self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
+            case HandBack():
+                self.settling.hand_back_reserved(fact.error, now)
+            case ShedJob():
+                self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+                self.settling.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+            case _:
+                self.route_lifecycle(fact, now)
 
     def route_lifecycle(self, fact: Fact, now: float) -> None:
         """The facts that change the daemon's phase or membership (see `route`); any other is a bug, said loudly."""
@@ -326,18 +348,18 @@ class Arbiter:
         turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
         claims), then send busy children their next job ahead while running (never during a drain or
         under memory pressure, which asks the held ones back)."""
-        for child, entry in self.jobs.assignments([] if self.pressure.paused else self.pool.idle_children()):
+        for child, entry in self.claiming.assignments([] if self.pressure.paused else self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
-                self.jobs.started(entry, child, now)
-        self.jobs.send_reports()
-        self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
+                self.claiming.started(entry, child, now)
+        self.settling.send_reports()
+        self.claiming.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
                               self.pacer.allows_claim(now), self.pacer.rate)
         if self.pressure.paused:
-            self.route(self.jobs.recall_held(), now)  # no child starts a job on its own under pressure
+            self.route(self.claiming.recall_held(), now)  # no child starts a job on its own under pressure
         elif self.phase is Phase.RUNNING:
-            for child, entry in self.jobs.holds(self.pool.holding_children(), now):
-                if self.pool.hold_job(child, entry.job, self.jobs.start_by(entry)):
-                    self.jobs.hold(entry, child)
+            for child, entry in self.claiming.holds(self.pool.holding_children(), now):
+                if self.pool.hold_job(child, entry.job, self.claiming.start_by(entry)):
+                    self.claiming.hold(entry, child)
 
     def may_claim(self) -> bool:
         return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
@@ -349,13 +371,13 @@ class Arbiter:
         self.next_pressure_check = now + PRESSURE_CHECK_EVERY
         running = []
         for child in list(self.pool.children.values()):
-            entry = self.jobs.inflight.get(child.job_id) if child.busy else None
+            entry = self.inflight.get(child.job_id) if child.busy else None
             if entry is not None and entry.started_at is not None:
                 running.append(Running(child.slot, entry.id, entry.started_at))
-        self.route(self.pressure.observe(self.memory.read(), now, self.jobs.reserved(), running), now)
+        self.route(self.pressure.observe(self.memory.read(), now, self.claiming.reserved(), running), now)
 
     def stopping_for_good(self) -> bool:
-        return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.jobs.inflight.jobs)
+        return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.inflight.jobs)
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
@@ -371,7 +393,7 @@ class Arbiter:
             self.pool.kill_all()
             self.finish(self.drain_code)
         else:
-            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.jobs.inflight),
+            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.inflight),
                       drain_timeout=self.cfg.drain_timeout)
             self.begin_drain(now, exitcodes.OK)
 
@@ -381,9 +403,9 @@ class Arbiter:
         the reserve (and anything still running at the deadline) back to the queue unaltered, and exit. A stop
         signal that comes after it stops at once."""
         log_event(log, INFO, "drain requested: no more claims or starts; reserved jobs go back to the queue when "
-                             "the running ones are done", running=len(self.jobs.inflight) - self.jobs.reserved(),
-                  reserved=self.jobs.reserved(), drain_timeout=self.cfg.drain_timeout)
-        self.jobs.stop_starting()
+                             "the running ones are done", running=len(self.inflight) - self.claiming.reserved(),
+                  reserved=self.claiming.reserved(), drain_timeout=self.cfg.drain_timeout)
+        self.claiming.stop_starting()
         self.begin_drain(now, exitcodes.OK)
 
     def handle_SIGINT(self, now: float) -> None:
@@ -445,10 +467,10 @@ class Arbiter:
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
         self.membership.heartbeat_soon(now)  # tell the API `draining` now
-        self.route(self.jobs.recall_held(), now)  # held jobs come back, to be handled as reserved ones
+        self.route(self.claiming.recall_held(), now)  # held jobs come back, to be handled as reserved ones
 
     def check_drain(self, now: float) -> None:
-        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.jobs.exhausted():
+        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.claiming.exhausted():
             log_event(log, INFO, "queues empty and no job in flight: stopping (--until-empty)",
                       queues=",".join(self.cfg.queues))
             self.begin_drain(now, exitcodes.OK)
@@ -459,11 +481,11 @@ class Arbiter:
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
             self.finish(self.drain_code)
-        elif self.jobs.drained():
+        elif self.claiming.drained():
             log_event(log, INFO, "drained: no job in flight")
             self.finish(self.drain_code)
         elif self.drain_deadline is not None and now >= self.drain_deadline:
-            busy = list(self.jobs.inflight.jobs)
+            busy = list(self.inflight.jobs)
             log_event(log, WARNING, "drain timeout: stopping busy children; deregistering hands their jobs back "
                                     "to the queue", jobs=busy)
             self.finish(self.drain_code)
@@ -515,7 +537,7 @@ class Arbiter:
         if reading is not None:
             metadata["memory"] = {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
                                   "pressure": self.pressure.state}
-        self.membership.send_heartbeat(now, len(self.jobs.inflight), self.worker_status(now), metadata, cpu, mem)
+        self.membership.send_heartbeat(now, len(self.inflight), self.worker_status(now), metadata, cpu, mem)
 
     def worker_status(self, now: float | None = None) -> str:
         """`draining`, `degraded` while children are crash-looping, else `healthy`."""
@@ -538,7 +560,7 @@ class Arbiter:
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:
         pool = self.pool
-        text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.jobs.inflight)}"
+        text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.inflight)}"
         text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
@@ -557,7 +579,7 @@ class Arbiter:
         now = time.monotonic()
         children = []
         for child in list(self.pool.children.values()):
-            entry = self.jobs.inflight.get(child.job_id)
+            entry = self.inflight.get(child.job_id)
             children.append({
                 "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
                 "job_runtime_secs": round(now - entry.started_at, 3) if entry and entry.started_at else None,
@@ -576,13 +598,13 @@ class Arbiter:
             "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
             "children_down_secs": round(now - self.children_up_at, 3),
             "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
-            "held": self.jobs.held(), "queues": self.jobs.by_queue(),
-            "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
-            "requests_per_job": round(self.pacer.sent / self.jobs.settled, 3) if self.jobs.settled else None,
+            "inflight": len(self.inflight), "reserved": self.claiming.reserved(),
+            "held": self.claiming.held(), "queues": self.claiming.by_queue(),
+            "requests_sent": self.pacer.sent, "jobs_settled": self.settling.settled,
+            "requests_per_job": round(self.pacer.sent / self.settling.settled, 3) if self.settling.settled else None,
             "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
-            "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
-            "reserve_wait_ms": self.jobs.reserve_wait_ms(),
+            "claim_rtt_ms": None if (rtt := self.claiming.claim_rtt.value) is None else round(rtt * 1000, 2),
+            "reserve_wait_ms": self.claiming.reserve_wait_ms(),
             "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
             "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
                      "jobs_announced": self.listener.wake.created_seen},

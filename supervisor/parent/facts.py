@@ -124,6 +124,32 @@ class ShedJob:
 
 
 @dataclass(frozen=True)
+class QueueFreed:
+    """A child ended a job of `queue` (after `duration` s): the queue had work and a child is free, so claim
+    there again at once (and learn how long its jobs run)."""
+
+    queue: str
+    duration: float | None
+
+
+@dataclass(frozen=True)
+class RetryDue:
+    """A job of `queue` this daemon failed comes back to the queue at `at` (the server's retry back-off):
+    nothing announces that, so claim there then."""
+
+    queue: str
+    at: float
+
+
+@dataclass(frozen=True)
+class JobReissued:
+    """A claim brought a job this worker still held (`old`, already out of the table): the server handed it
+    out again under a new lease, so the old copy's work and answers are void."""
+
+    old: Any  # the in-flight table's Entry
+
+
+@dataclass(frozen=True)
 class WorkCreated:
     """The events stream announced a job on `queue` (None: on some queue of ours): claim there now."""
 
@@ -139,7 +165,7 @@ class Listening:
 
 Heard = WorkCreated | Listening  # what the events stream tells the job flow
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob | Heard)
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,15 @@ class Entry:
         return self.job.get("queue_name") or ""
 
 
+def job_fields(entry: Entry, worker_id: str, now: float) -> dict:
+    """What every job log line carries: job_id, queue, worker_id, the child's pid and the duration so far."""
+    duration = entry.duration
+    if duration is None:
+        duration = now - entry.started_at if entry.started_at is not None else 0.0
+    return {"job_id": entry.id, "queue": entry.queue, "worker_id": worker_id, "pid": entry.pid,
+            "duration": round(duration, 4)}
+
+
 class InFlight:
     """Jobs this worker holds, keyed by job id. `renew_every` is a third of the lease."""
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
+
+from supervisor.backoff import backoff
+from supervisor.parent.wake import SAFETY_POLL
 
 MAX_CLAIM = 100  # the API's largest `limit`
 HORIZON_RTTS = 2.0  # claim for children that will be free within this many round trips
@@ -178,3 +182,58 @@ def next_need_at(now: float, n: Need) -> float | None:
                 first_ahead = t
         heapq.heapreplace(steps, t + run)
     return None if first_ahead is None else now + first_ahead
+
+
+class QueueIntake:
+    """Claim timing of one queue."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
+        self.empty_claims = 0  # claims in a row that found fewer jobs than asked
+        self.run_time = Ewma()  # how long its jobs run (s)
+        self.history_asked = False  # its statistics were asked for (once: they may seed `run_time`)
+        self.hinted_at = -math.inf  # when the events stream last announced a job here
+        self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
+
+    def ask_history(self) -> bool:
+        """True the first time only: its statistics are asked for once."""
+        asked, self.history_asked = self.history_asked, True
+        return not asked
+
+    def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
+                 sent_at: float = -math.inf) -> None:
+        """A claim sent at `sent_at` got `got` of `asked` jobs. Short: ask again at once if a job was
+        announced since it was sent; else, while the events stream is live, on the slow safety poll;
+        else on the back-off (50 ms doubling to `poll_interval`)."""
+        self.retries_due = [t for t in self.retries_due if t > sent_at]  # the claim looked after those
+        if got < asked:
+            self.empty_claims += 1
+            if self.hinted_at >= sent_at:
+                self.next_claim_at = now
+            elif listening:
+                safety = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                self.next_claim_at = min([safety, *self.retries_due])
+            else:
+                self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
+        else:
+            self.empty_claims = 0
+            self.next_claim_at = now
+
+    def hinted(self, now: float) -> None:
+        """The events stream announced a job here (or asks for a re-check): claim as soon as a child is free."""
+        self.hinted_at = now
+        self.next_claim_at = min(self.next_claim_at, now)
+
+    def retry_due(self, at: float) -> None:
+        """A job this daemon failed comes back to the queue at `at` (the server's retry back-off): nothing
+        announces that, so claim then rather than at the safety poll."""
+        self.retries_due.append(at)
+        if self.next_claim_at > at:
+            self.next_claim_at = at
+
+    def gave_work(self, now: float, duration: float | None) -> None:
+        """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
+        if duration is not None:
+            self.run_time.add(duration)
+        self.next_claim_at = min(self.next_claim_at, now)

@@ -95,7 +95,7 @@ class Rig:
         self.arb.feed_children(now)
         self.answer("claim", [{"id": job_id, "lease_id": f"L-{job_id}", "queue_name": "q", **fields}], now=now)
         self.arb.feed_children(now)
-        assert self.arb.jobs.inflight.get(job_id).slot is not None
+        assert self.arb.inflight.get(job_id).slot is not None
 
     def signal(self, *sigs: int, now: float = T0) -> None:
         for sig in sigs:
@@ -123,10 +123,10 @@ def test_route_hands_each_fact_to_the_part_that_acts_on_it(rig, monkeypatch):
     def record(name):
         return lambda fact, *rest: seen.append((name, fact)) or []
 
-    monkeypatch.setattr(rig.arb.jobs, "job_done", record("jobs.job_done"))
-    monkeypatch.setattr(rig.arb.jobs, "job_started", record("jobs.job_started"))
-    monkeypatch.setattr(rig.arb.jobs, "job_returned", record("jobs.job_returned"))
-    monkeypatch.setattr(rig.arb.jobs, "child_lost", record("jobs.child_lost"))
+    monkeypatch.setattr(rig.arb.settling, "job_done", record("jobs.job_done"))
+    monkeypatch.setattr(rig.arb.claiming, "job_started", record("jobs.job_started"))
+    monkeypatch.setattr(rig.arb.claiming, "job_returned", record("jobs.job_returned"))
+    monkeypatch.setattr(rig.arb.settling, "child_lost", record("jobs.child_lost"))
     monkeypatch.setattr(rig.arb.pool, "recall_job", lambda slot, job_id: seen.append(
         ("pool.recall_job", (slot, job_id))))
     monkeypatch.setattr(rig.arb.pool, "stop_job_child", lambda slot, job_id, reason, now: seen.append(
@@ -178,7 +178,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     rig.arb.feed_children(T0 + 0.1)
     child = rig.child_of("a")
     assert child.chan.sent == [{"t": "job", "job": {"id": "a", "lease_id": "L-a", "queue_name": "q"}}]
-    assert rig.arb.jobs.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
+    assert rig.arb.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
     child.chan.inbox.append({"t": "done", "id": "a", "ok": True, "result": {"v": 1}})
     rig.arb.route(rig.arb.pool.read(child, T0 + 1), T0 + 1)
     rig.arb.feed_children(T0 + 1)
@@ -186,7 +186,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     assert body(rig.submit.calls[1][0])["limit"] == 2
     rig.answer("claim", [], now=T0 + 1.05)
     rig.answer("complete", {}, now=T0 + 1.1)
-    assert rig.arb.jobs.drained()
+    assert rig.arb.claiming.drained()
     assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", pytest.approx(0.9))]
 
 
@@ -200,7 +200,7 @@ def test_a_timeout_stops_the_child_through_the_pool(rig):
     rig.running()
     rig.hold_job("a", timeout_seconds=2)
     child = rig.child_of("a")
-    rig.arb.route(rig.arb.jobs.enforce(T0 + 2), T0 + 2)
+    rig.arb.route(rig.arb.settling.enforce(T0 + 2), T0 + 2)
     assert child.stopping and child.stop_reason == "timeout" and (child.slot, signal.SIGTERM) in rig.signals.sent
     assert "fail" in rig.submit.routes()
 
@@ -261,7 +261,7 @@ def test_a_429_answer_teaches_the_pacer_and_holds_claims(rig, monkeypatch):
     monkeypatch.setattr(rig.arb.http, "done", lambda: [(claim, None, limited)])
     rig.arb.take_answers(T0 + 0.1)
     assert rig.arb.pacer.rate == pytest.approx(9.5) and rig.arb.pacer.rate_limited_answers == 1
-    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.jobs.claim_not_before >= T0 + 2.1
+    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.claiming.claim_not_before >= T0 + 2.1
     assert rig.arb.next_wakeup(T0 + 0.2) <= T0 + 1.2
 
 
@@ -302,7 +302,7 @@ def test_sigterm_drains_says_so_at_once_and_claims_no_more(rig):
     arb.send_heartbeat(T0 + 1)
     call, _, _ = rig.submit.take("worker_heartbeat")
     assert body(call)["status"] == "draining" and body(call)["current_jobs"] == 1
-    arb.jobs.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
+    arb.settling.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
     arb.feed_children(T0 + 2)
     assert "claim" not in rig.submit.routes()  # ... but no more claims
     arb.check_drain(T0 + 2)
@@ -507,7 +507,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
         monkeypatch.setattr(arb, name, step(name))
     monkeypatch.setattr(arb.http, "expire", step("http.expire"))
     monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
-    monkeypatch.setattr(arb.jobs, "enforce", step("jobs.enforce", []))
+    monkeypatch.setattr(arb.settling, "enforce", step("jobs.enforce", []))
     monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
     monkeypatch.setattr(arb.pool, "converge", step("pool.converge"))
     arb.turn()
@@ -519,7 +519,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
 def test_a_turn_that_sets_the_exit_code_touches_nothing_after(rig, monkeypatch):
     arb = rig.arb
     monkeypatch.setattr(arb.sel, "select", lambda timeout: [])
-    monkeypatch.setattr(arb.jobs, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
+    monkeypatch.setattr(arb.settling, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
     converged = []
     monkeypatch.setattr(arb.pool, "converge", lambda now, stopping_for_good: converged.append(now))
     arb.turn()

@@ -1,6 +1,6 @@
 """Claim just ahead of need and batched claims, decided on numbers with a fake clock.
 
-First each sizing decision of supervisor.parent.intake on its own, then the real JobFlow in a
+First each sizing decision of supervisor.parent.intake on its own, then the real JobParts in a
 deterministic loop (tests/support/flow_sim.py: fake children, an API one round trip away) to check what
 those decisions add up to: latency hidden for short jobs, nothing hoarded behind long ones. Last, the
 sizing decisions again for two children running 50 ms jobs (`short_need`).
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.flow_sim import Sim, make_cfg
+from support.job_parts import JobParts
 
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.ops.nullhooks import NullHooks
@@ -31,7 +32,6 @@ from supervisor.parent.intake import (
     next_need_at,
     starts_within,
 )
-from supervisor.parent.jobs import JobFlow
 
 RTT = 0.02
 H = horizon(RTT)  # 2 round trips + 5 ms = 45 ms
@@ -250,7 +250,7 @@ def test_the_next_need_is_the_first_moment_claim_size_would_claim(seed):
     assert checked > 100
 
 
-# ------------------------------------------------------------------ the JobFlow: one claim on the wire
+# ------------------------------------------------------------------ the JobParts: one claim on the wire
 
 class Submit:
     def __init__(self) -> None:
@@ -263,12 +263,12 @@ class Submit:
         return [c.route for c, _, _ in self.calls]
 
 
-def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[JobFlow, Submit]:
-    """A JobFlow that has measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
+def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[JobParts, Submit]:
+    """A JobParts that has measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
     submit = Submit()
-    flow = JobFlow(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
-    flow.claim_rtt.add(rtt)
-    flow.queues["q"].run_time.add(run)
+    flow = JobParts(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
+    flow.claiming.claim_rtt.add(rtt)
+    flow.claiming.queues["q"].run_time.add(run)
     for slot in range(procs):
         entry = flow.inflight.add({"id": f"r{slot}", "lease_id": f"L{slot}", "queue_name": "q"}, 10.0)
         flow.started(entry, SimpleNamespace(slot=slot, pid=1000 + slot), 10.0)
@@ -293,7 +293,7 @@ def test_children_finishing_together_get_one_claim_and_no_second_one_while_it_is
     call, followup, first = submit.calls[0]
     assert first and claim_limit(call) == 4
     followup.answer([{"id": f"n{i}", "lease_id": f"N{i}", "queue_name": "q"} for i in range(4)], None, at + RTT)
-    assert flow.reserved() == 4
+    assert flow.claiming.reserved() == 4
     for slot in range(4):  # the children finish one after another: the reserve covers them all
         flow.job_done(JobDone(slot, f"r{slot}", True, None), 11.0 + slot * 0.001)
         flow.maybe_claim(11.0 + slot * 0.001, idle=slot + 1, procs=4, may_claim=True)
@@ -345,7 +345,7 @@ def test_sim_long_jobs_hold_no_reserve_so_a_fleet_shares_them():
     assert sim.completed == {f"j{i}" for i in range(12)}
     makespan = max(sim.start_times.values()) + 2.0 - min(sim.start_times.values())
     assert makespan == pytest.approx(12.0, abs=0.3)
-    assert max(sim.flow.reserve_waits) <= H + RTT  # claimed at most a horizon ahead, from the claim's send
+    assert max(sim.flow.claiming.reserve_waits) <= H + RTT  # claimed at most a horizon ahead, from the claim's send
     assert sim.reserve_area / makespan < 0.02 * 2  # under 2% of the children's time has a job reserved
     assert len(sim.claims()) <= 12 + 3  # about one claim per job (the jobs end apart), not a poll loop
 
@@ -393,7 +393,7 @@ def test_sim_a_mispredicted_long_job_keeps_only_what_was_claimed_before_it_overr
     n = need(idle=0, remaining=(0.0,), procs=1, run_time=0.02)
     assert 1 <= sim.max_reserved <= claim_size(n)  # one horizon of starts and one batch, no more
     assert not [s for s in sim.claims() if long_start < s.at < long_start + 3.0]
-    assert max(sim.flow.reserve_waits) > 2.5  # the jobs behind the long one waited...
+    assert max(sim.flow.claiming.reserve_waits) > 2.5  # the jobs behind the long one waited...
     behind = {j for j, t in sim.start_times.items() if t >= long_start + 3.0 and sim.claimed_at[j] <= long_start}
     renewed = {s.job_id for s in sim.sent if s.route == "job_heartbeat"}
     assert renewed == {"j5"} | behind and behind  # ...each renewed (5 s lease, renewed every 1.7 s)
@@ -415,7 +415,7 @@ def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take
     fresh = flow.inflight.add({"id": "f", "lease_id": "Lf", "queue_name": "q"}, 14.0)
     assert flow.enforce(16.5) == []  # the loop did not run from 10 to 16.5: longer than the 6 s lease
     assert flow.inflight.get("w") is None and flow.inflight.get("f") is fresh
-    assert [e.id for _, e in flow.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
+    assert [e.id for _, e in flow.claiming.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
     renewed = [c for c, _, _ in submit.calls if c.route == "job_heartbeat"]
     assert all("/w/" not in c.path for c in renewed) and stale.renewal.busy is False
 

@@ -7,12 +7,12 @@ followup the way the arbiter's `take_answers` would.
 from __future__ import annotations
 
 import pytest
+from support.job_parts import JobParts
 from support.parent_fakes import Hooks, Submit, body, error, fake_child, make_api, make_cfg, timeout_error
 
 from supervisor import exitcodes
 from supervisor.client import rest as api
 from supervisor.parent.facts import ChildLost, Fatal, JobDone, StopJob
-from supervisor.parent.jobs import JobFlow
 
 T0 = 100.0
 
@@ -22,14 +22,15 @@ class Rig:
         self.submit = Submit()
         self.hooks = Hooks()
         self.cfg = make_cfg(**cfg)
-        self.flow = JobFlow(self.cfg, make_api(), self.submit, self.hooks)
+        self.flow = JobParts(self.cfg, make_api(), self.submit, self.hooks)
 
     def claim(self, now: float, idle: int, jobs: list, answer_at: float | None = None) -> list:
         """Send a claim for `idle` children and answer it with `jobs`; return the answer's facts."""
         self.maybe_claim(now, idle)
         _, followup, first = self.submit.take("claim")
         assert first, "claims go to the front of the HTTP queue"
-        return followup.answer(jobs, None, answer_at if answer_at is not None else now)
+        at = answer_at if answer_at is not None else now
+        return self.flow.route(followup.answer(jobs, None, at), at)
 
     def maybe_claim(self, now: float, idle: int, may_claim: bool = True, **kwargs) -> None:
         self.flow.maybe_claim(now, idle, self.cfg.procs, may_claim, **kwargs)
@@ -40,7 +41,7 @@ class Rig:
     @property
     def intake(self):
         """The claim timing of queue q (the only queue)."""
-        return self.flow.queues["q"]
+        return self.flow.claiming.queues["q"]
 
     def run(self, job_id: str = "a", slot: int = 0, now: float = T0, **fields) -> None:
         """Claim `job_id` at `now` and start it on `slot` at once."""
@@ -80,9 +81,9 @@ def test_claim_asks_for_idle_children_minus_waiting_jobs(rig):
 def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     rig.maybe_claim(T0, 2, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert rig.flow.claim.busy
+    assert rig.flow.claiming.claim.busy
     assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
-    assert not rig.flow.claim.busy
+    assert not rig.flow.claiming.claim.busy
     assert [e.id for e in rig.flow.inflight.waiting()] == ["a", "b"]
     entry = rig.entry("a")
     assert entry.claimed_at == T0 and entry.lease_until == T0 + 30  # the lease counts from when the claim left
@@ -140,11 +141,11 @@ def test_429_with_retry_after_holds_claims_even_when_a_child_frees_up(rig):
     rig.maybe_claim(T0 + 1, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=7), T0 + 1) == []
-    assert rig.flow.claim_not_before >= T0 + 1 + 7
+    assert rig.flow.claiming.claim_not_before >= T0 + 1 + 7
     rig.finish("a", now=T0 + 2)  # a freed child claims at once ... but not through a 429's wait
     rig.maybe_claim(T0 + 7.9, 1, may_claim=True)
     assert rig.submit.routes() == []
-    rig.maybe_claim(rig.flow.claim_not_before, 1, may_claim=True)
+    rig.maybe_claim(rig.flow.claiming.claim_not_before, 1, may_claim=True)
     assert rig.submit.routes() == ["claim"]
 
 
@@ -155,8 +156,8 @@ def test_429_without_retry_after_backs_off_growing(rig):
         rig.maybe_claim(now, 1, may_claim=True)
         _, followup, _ = rig.submit.take("claim")
         assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED"), now) == []
-        waits.append(rig.flow.claim_not_before - now)
-    assert rig.flow.claim_failures == 4
+        waits.append(rig.flow.claiming.claim_not_before - now)
+    assert rig.flow.claiming.claim_failures == 4
     for n, wait in enumerate(waits, start=1):
         top = min(5.0, 0.2 * 2 ** (n - 1))
         assert top / 2 <= wait <= top
@@ -165,16 +166,16 @@ def test_429_without_retry_after_backs_off_growing(rig):
 def test_claim_failure_on_5xx_backs_off_and_success_resets(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     rig.submit.take("claim")[1].answer(None, error(503), T0)
-    assert rig.flow.claim_failures == 1 and rig.flow.claim_not_before > T0
-    rig.claim(rig.flow.claim_not_before, 1, [job("a")])
-    assert rig.flow.claim_failures == 0 and rig.flow.claim_not_before == 0.0
+    assert rig.flow.claiming.claim_failures == 1 and rig.flow.claiming.claim_not_before > T0
+    rig.claim(rig.flow.claiming.claim_not_before, 1, [job("a")])
+    assert rig.flow.claiming.claim_failures == 0 and rig.flow.claiming.claim_not_before == 0.0
 
 
 def test_claim_401_is_fatal(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     facts = rig.submit.take("claim")[1].answer(None, error(401, "UNAUTHORIZED"), T0)
     assert len(facts) == 1 and isinstance(facts[0], Fatal) and facts[0].code == exitcodes.AUTH
-    assert not rig.flow.claim.busy
+    assert not rig.flow.claiming.claim.busy
 
 
 def test_malformed_jobs_are_ignored_and_the_others_kept(rig):
@@ -192,7 +193,7 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
     # whatever the old copy's child answers is void
-    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) is None and rig.flow.unsent == []
+    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) is None and rig.flow.settling.unsent == []
 
 
 def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
@@ -205,7 +206,7 @@ def test_recover_claim_frees_the_claim_and_waits_a_second(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert followup.recover(T0 + 2) is None
-    assert not rig.flow.claim.busy and rig.flow.claim_not_before == T0 + 3
+    assert not rig.flow.claiming.claim.busy and rig.flow.claiming.claim_not_before == T0 + 3
 
 
 def test_reports_go_out_while_a_claim_is_on_the_wire(rig):
@@ -248,7 +249,7 @@ def test_report_ok_settles_the_job(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 2.5)
     assert followup.answer({}, None, T0 + 2.6) == []
-    assert rig.entry("a") is None and rig.flow.drained()
+    assert rig.entry("a") is None and rig.flow.claiming.drained()
     assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", 2.5)]
 
 
@@ -501,7 +502,7 @@ def test_job_done_for_a_job_no_longer_held_is_dropped(rig):
     assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) is None
     assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) is None  # not the child that runs it
     rig.flow.send_reports()
-    assert rig.flow.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
+    assert rig.flow.settling.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
 def test_job_done_frees_the_claim_back_off(rig):
@@ -515,7 +516,7 @@ def test_job_done_frees_the_claim_back_off(rig):
 def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
     rig.claim(T0, 3, [job("a"), job("b"), job("c")])
     children = [fake_child(0), fake_child(1)]
-    pairs = rig.flow.assignments(children)
+    pairs = rig.flow.claiming.assignments(children)
     assert [(c.slot, e.id) for c, e in pairs] == [(0, "a"), (1, "b")]
 
 
@@ -535,7 +536,7 @@ def test_an_outcome_not_yet_sent_is_due_at_once(rig):
 def test_claim_ahead_measures_the_round_trip_and_claims_for_a_child_about_to_finish():
     rig = Rig(prefetch=None)  # auto
     rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
-    assert rig.flow.claim_rtt.value == pytest.approx(0.02)
+    assert rig.flow.claiming.claim_rtt.value == pytest.approx(0.02)
     for n, job_id in enumerate(("a", "b")):
         rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)  # ran 50 ms; "b" is due about now too
@@ -588,7 +589,7 @@ def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "lo"
     followup.answer([dict(job("x"), queue_name="lo")], None, T0)
-    rig.maybe_claim(rig.flow.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
+    rig.maybe_claim(rig.flow.claiming.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
     call, _, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"  # back to the first queue once its back-off ends
 
@@ -601,21 +602,21 @@ def test_no_claim_while_every_queue_backs_off(rig):
 
 def test_exhausted_once_every_queue_came_back_short_and_nothing_is_held():
     rig = Rig(queue="hi", queues=("hi", "lo"))
-    assert not rig.flow.exhausted()
+    assert not rig.flow.claiming.exhausted()
     rig.maybe_claim(T0, 1)
     rig.submit.take("claim")[1].answer([], None, T0)
-    assert not rig.flow.exhausted()  # "lo" not asked yet
+    assert not rig.flow.claiming.exhausted()  # "lo" not asked yet
     rig.maybe_claim(T0, 1)
     rig.submit.take("claim")[1].answer([dict(job("x"), queue_name="lo")], None, T0)
-    assert not rig.flow.exhausted()  # a job is held (and lo gave all it was asked)
-    assert rig.flow.reserved() == 1
+    assert not rig.flow.claiming.exhausted()  # a job is held (and lo gave all it was asked)
+    assert rig.flow.claiming.reserved() == 1
 
 
 def test_reserve_waits_are_measured_from_claim_to_start(rig):
-    assert rig.flow.reserve_wait_ms() is None
+    assert rig.flow.claiming.reserve_wait_ms() is None
     rig.claim(T0, 1, [job("a")])
     rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.25)
-    assert rig.flow.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
+    assert rig.flow.claiming.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
 
 
 def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
@@ -635,7 +636,7 @@ def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
     rig = Rig(queue="hi", queues=("hi", "lo"))
     rig.claim(T0, 2, [job("a", queue_name="hi"), job("b", queue_name="lo")], answer_at=T0 + 0.02)
     rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.02)
-    counts = rig.flow.by_queue()
+    counts = rig.flow.claiming.by_queue()
     assert list(counts) == ["hi", "lo"]
     assert counts["hi"] == {"inflight": 1, "reserved": 0, "empty": False}
     assert counts["lo"] == {"inflight": 1, "reserved": 1, "empty": False}

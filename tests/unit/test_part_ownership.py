@@ -272,7 +272,7 @@ class Pool:
     assert not any("self.target" in w or "self.children[0]" in w for w in found)
 
 
-PARTS = ("pool", "jobs", "membership")
+PARTS = ("pool", "claiming", "settling", "membership")
 
 
 def imports_of(path: Path) -> set[str]:
