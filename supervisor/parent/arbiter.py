@@ -236,7 +236,7 @@ class Arbiter:
                  self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
-        if self.http.results:
+        if self.http.has_answers():
             times.append(now)
         return min(t for t in times if t is not None)
 
