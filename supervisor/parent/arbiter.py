@@ -528,16 +528,14 @@ class Arbiter:
 
     # ------------------------------------------------------------ heartbeat
     def send_heartbeat(self, now: float) -> None:
+        """When one is due: the heartbeat, from the pool's, the table's and the memory's plain values."""
         if not self.membership.heartbeat_due(now):
             return
         cpu, mem = self.tree_usage()
-        metadata = self.membership.heartbeat_metadata(self.pool.target, self.pool.busy_count(),
-                                                      len(self.pool.children), cpu, mem)
-        reading = self.pressure.reading
-        if reading is not None:
-            metadata["memory"] = {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
-                                  "pressure": self.pressure.state}
-        self.membership.send_heartbeat(now, len(self.inflight), self.worker_status(now), metadata, cpu, mem)
+        self.membership.send_heartbeat(now, current_jobs=len(self.inflight), status=self.worker_status(now),
+                                       procs=self.pool.target, busy=self.pool.busy_count(),
+                                       children=len(self.pool.children), cpu=cpu, mem=mem,
+                                       memory=self.pressure.heartbeat_fields())
 
     def worker_status(self, now: float | None = None) -> str:
         """`draining`, `degraded` while children are crash-looping, else `healthy`."""

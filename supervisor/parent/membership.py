@@ -2,7 +2,8 @@
 answers, and say which errors the daemon cannot work past.
 
 `Membership` alone owns the registration and heartbeat state. The arbiter tells it when to register
-(`register`) and what to report (`heartbeat_due` / `send_heartbeat`); answers come back as facts
+(`register`) and passes the plain values a heartbeat reports (`heartbeat_due` / `send_heartbeat`), from
+which it builds the heartbeat itself; answers come back as facts
 (`Registered`, `Fatal`, `ExitNow`, `TakenOver`).
 
 Registration and heartbeats carry this instance's identity (supervisor.parent.identity: host, pid,
@@ -131,11 +132,18 @@ class Membership:
         self.register_at = None
 
     # ------------------------------------------------------------ heartbeats
-    def send_heartbeat(self, now: float, current_jobs: int, status: str, metadata: dict,
-                       cpu: float, mem: float) -> None:
-        """Send the worker heartbeat; one at a time, on the interval the API gave."""
+    def send_heartbeat(self, now: float, *, current_jobs: int, status: str, procs: int, busy: int, children: int,
+                       cpu: float, mem: float, memory: dict | None = None) -> None:
+        """Send the worker heartbeat, one at a time, on the interval the API gave: `current_jobs` held, the
+        worker `status`, the pool (`procs` wanted, `busy`, `children` alive), the process tree's `cpu` and `mem`
+        percent and the daemon's `memory` reading (if any); this part adds who the daemon is."""
         self.heartbeat.start()
         self.next_heartbeat_at = now + self.heartbeat_interval
+        metadata = {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
+                    "cpu_percent": cpu, "memory_percent": mem, "queues": list(self.cfg.queues), **self.identity,
+                    "heartbeat_interval": self.heartbeat_interval}
+        if memory is not None:
+            metadata["memory"] = memory
         call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
         self.submit(call, self.heartbeat.followup(self.on_heartbeat))
 
@@ -179,11 +187,6 @@ class Membership:
             log_event(log, WARNING, "the API asks this worker to drain (should_drain)")
             return [DrainAsked()]
         return []
-
-    def heartbeat_metadata(self, procs: int, busy: int, children: int, cpu: float, mem: float) -> dict:
-        return {"procs": procs, "busy": busy, "children": children, "pid": os.getpid(), "version": __version__,
-                "cpu_percent": cpu, "memory_percent": mem, "queues": list(self.cfg.queues), **self.identity,
-                "heartbeat_interval": self.heartbeat_interval}
 
     # ------------------------------------------------------------ the worker row
     def check_row_if_due(self, now: float) -> None:

@@ -105,6 +105,14 @@ class MemoryPressure:
                                  "the newest running, was stopped so that it can retry elsewhere"))
         return facts
 
+    def heartbeat_fields(self) -> dict | None:
+        """The last reading as a heartbeat carries it (None before the first)."""
+        reading = self.reading
+        if reading is None:
+            return None
+        return {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
+                "pressure": self.state}
+
     def status(self) -> dict:
         """For /status, heartbeats and metrics."""
         out: dict = {"state": self.state, "paused": self.paused, "high": str(self.high), "max": str(self.max),
