@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from queue import SimpleQueue
+from types import MappingProxyType
 
 import psutil
 
@@ -32,6 +33,7 @@ from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.cgroup import MemorySource
+from supervisor.ops.health import Published
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
@@ -70,6 +72,7 @@ from supervisor.parent.wake import Listener
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+PUBLISH_EVERY = 0.1  # seconds between two snapshots published for the health server's thread (and each phase change)
 PRESSURE_CHECK_EVERY = 1.0  # seconds between two readings of the memory the daemon has
 RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
@@ -128,6 +131,10 @@ class Arbiter:
         self._title = ""
         self.next_title_at = 0.0
         self._ps_self = psutil.Process()
+        self.next_publish_at = 0.0
+        self.published_phase = self.phase  # the phase in the published snapshot
+        self.published: Published  # the frozen snapshot the health server's thread reads (set by publish)
+        self.publish(self.loop_at)
 
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
@@ -205,6 +212,8 @@ class Arbiter:
         self.check_reload(now)
         self.check_drain(now)
         self.update_title(now)
+        if now >= self.next_publish_at or self.phase is not self.published_phase:
+            self.publish(now)
         self.hooks.tick(now)
 
     def on_event(self, data: tuple, mask: int) -> None:
@@ -318,6 +327,7 @@ class Arbiter:
                 self.child_ready(fact, now)
             case Registered():
                 self.phase = Phase.RUNNING if self.phase is Phase.STARTING else self.phase
+                self.publish(now)
                 self.announce_ready_if_up()
             case Fatal():
                 self.fatal(fact, now)
@@ -463,6 +473,7 @@ class Arbiter:
         if self.phase in (Phase.DRAINING, Phase.STOPPED):
             return
         self.phase = Phase.DRAINING
+        self.publish(now)
         self.drain_code = code
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
@@ -516,6 +527,7 @@ class Arbiter:
             self.membership.deregistered()
         self.phase = Phase.STOPPED
         self.exit_code = code
+        self.publish(time.monotonic())
         log_event(log, INFO, "supervisor stopped", exit_code=code)
 
     def announce_ready_if_up(self) -> None:
@@ -572,39 +584,35 @@ class Arbiter:
             self.next_title_at = now + TITLE_EVERY
             self.hooks.status(title)
 
-    def snapshot(self) -> dict:
-        """A plain-data picture of the daemon for /status and /healthz (read from another thread)."""
-        now = time.monotonic()
-        children = []
-        for child in list(self.pool.children.values()):
-            entry = self.inflight.get(child.job_id)
-            children.append({
-                "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
-                "job_runtime_secs": round(now - entry.started_at, 3) if entry and entry.started_at else None,
-                "rss_bytes": child.rss, "jobs_done": child.jobs_done, "restarts": self.pool.restarts.get(child.slot, 0),
-                "memory_bytes": child.memory.bytes if child.memory else None,
-                "subprocesses": child.memory.subprocesses if child.memory else None,
-                "memory_kind": child.memory.kind if child.memory else None,
-            })
-        api_ok_at = self.membership.api_ok_at
-        return {
+    def publish(self, now: float) -> None:
+        """Publish a frozen snapshot of the daemon, built from each part's plain `stats()`, for the health
+        server's thread (/status, /healthz) and the gauges: every PUBLISH_EVERY seconds of turns, and at once
+        when the phase changes. Its ages are computed when it is read (`snapshot`)."""
+        self.next_publish_at = now + PUBLISH_EVERY
+        pool, members, inflight = self.pool.stats(), self.membership.stats(), self.inflight.stats()
+        claiming, settled, pacer = self.claiming.stats(), self.settling.stats()["jobs_settled"], self.pacer.stats()
+        rows = pool["children"]
+        started_at = inflight["started_at"]
+        fields = {
             "worker_id": self.cfg.worker_id, "queue": self.cfg.queue, "pid": os.getpid(), "version": __version__,
-            "registered": self.membership.registered, "draining": self.phase is Phase.DRAINING,
+            "registered": members["registered"], "draining": self.phase is Phase.DRAINING,
             "status": self.worker_status(now), "phase": self.phase.value,
-            "loop_age_secs": round(now - self.loop_at, 3),
-            "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
-            "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
-            "children_down_secs": round(now - self.children_up_at, 3),
-            "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.inflight), "reserved": self.claiming.reserved(),
-            "held": self.claiming.held(), "queues": self.claiming.by_queue(),
-            "requests_sent": self.pacer.sent, "jobs_settled": self.settling.settled,
-            "requests_per_job": round(self.pacer.sent / self.settling.settled, 3) if self.settling.settled else None,
-            "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
-            "claim_rtt_ms": None if (rtt := self.claiming.claim_rtt.value) is None else round(rtt * 1000, 2),
-            "reserve_wait_ms": self.claiming.reserve_wait_ms(),
-            "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
-            "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
-                     "jobs_announced": self.listener.wake.created_seen},
-            "children": sorted(children, key=lambda c: c["slot"]),
+            "loop_age_secs": None, "api_age_secs": None, "api_silence_secs": None, "children_down_secs": None,
+            "procs": pool["procs"], "busy": sum(1 for row in rows if row["state"] == "busy"),
+            "inflight": inflight["inflight"], "reserved": claiming["reserved"], "held": claiming["held"],
+            "queues": claiming["queues"], "requests_sent": pacer["requests_sent"], "jobs_settled": settled,
+            "requests_per_job": round(pacer["requests_sent"] / settled, 3) if settled else None,
+            "rate_limit_rps": pacer["rate_limit_rps"], "rate_limited_answers": pacer["rate_limited_answers"],
+            "claim_rtt_ms": claiming["claim_rtt_ms"], "reserve_wait_ms": claiming["reserve_wait_ms"],
+            "memory": {**self.pressure.stats(), "oom_kills": pool["oom_kills"], "preload": self.cfg.preload},
+            "wake": self.listener.stats(), "children": None,
         }
+        children = tuple((row, started_at.get(row["job_id"])) for row in rows)
+        self.published = Published(MappingProxyType(fields), children, self.loop_at, self.started_at,
+                                   members["api_ok_at"], self.children_up_at)
+        self.published_phase = self.phase
+
+    def snapshot(self) -> dict:
+        """/status's document from the snapshot the loop last published, its ages as of now (called from the
+        health server's thread: it reads one reference and touches no part)."""
+        return self.published.status(time.monotonic())

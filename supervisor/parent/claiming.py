@@ -104,6 +104,13 @@ class Claiming:
                 return max(need_at, soonest)
         return None
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot."""
+        rtt = self.claim_rtt.value
+        return {"reserved": self.reserved(), "held": self.held(), "queues": self.by_queue(),
+                "claim_rtt_ms": None if rtt is None else round(rtt * 1000, 2),
+                "reserve_wait_ms": self.reserve_wait_ms()}
+
     def reserve_wait_ms(self) -> dict | None:
         """p50 / p99 of the time jobs waited claimed-but-not-started (the last 500 to 1000 starts)."""
         waits = sorted(self.reserve_waits)

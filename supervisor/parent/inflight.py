@@ -209,6 +209,10 @@ class InFlight:
         """Jobs a child runs now (started, no outcome yet)."""
         return list(self._running.values())
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: how many jobs are held, and when each running one started."""
+        return {"inflight": len(self.jobs), "started_at": {e.id: e.started_at for e in self._running.values()}}
+
     def renewals_due(self, now: float) -> list[Entry]:
         return [e for e in self.jobs.values() if not e.renewal.busy and e.renew_at <= now]
 

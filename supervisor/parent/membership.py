@@ -62,6 +62,10 @@ class Membership:
             times.append(self.next_heartbeat_at)
         return min(times) if times else None
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: registered, and when the API last answered (monotonic)."""
+        return {"registered": self.registered, "api_ok_at": self.api_ok_at}
+
     def heartbeat_due(self, now: float) -> bool:
         return self.registered and not self.heartbeat.busy and not self.yielded and now >= self.next_heartbeat_at
 

@@ -113,8 +113,8 @@ class MemoryPressure:
         return {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
                 "pressure": self.state}
 
-    def status(self) -> dict:
-        """For /status, heartbeats and metrics."""
+    def stats(self) -> dict:
+        """Plain data for the published snapshot (/status and the metrics)."""
         out: dict = {"state": self.state, "paused": self.paused, "high": str(self.high), "max": str(self.max),
                      "shed_jobs": self.shed}
         if self.reading is not None:

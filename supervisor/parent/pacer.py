@@ -51,6 +51,11 @@ class Pacer:
         self.sent = 0  # requests sent in all
         self.rate_limited_answers = 0  # 429s seen
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot."""
+        return {"requests_sent": self.sent, "rate_limit_rps": self.rate,
+                "rate_limited_answers": self.rate_limited_answers}
+
     # ------------------------------------------------------------ asking
     def submit(self, call, followup, first: bool, now: float) -> None:
         """Send `call` now if the budget allows, else queue it by priority."""

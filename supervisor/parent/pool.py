@@ -95,6 +95,19 @@ class ChildPool:
         crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
         return bool(self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: the pool's size, its OOM kills and one row per child."""
+        rows: list[dict] = []
+        for child in sorted(self.children.values(), key=lambda c: c.slot):
+            mem = child.memory
+            rows.append({
+                "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
+                "job_runtime_secs": None, "rss_bytes": child.rss, "jobs_done": child.jobs_done,
+                "restarts": self.restarts.get(child.slot, 0), "memory_bytes": mem.bytes if mem else None,
+                "subprocesses": mem.subprocesses if mem else None, "memory_kind": mem.kind if mem else None,
+            })
+        return {"procs": self.target, "oom_kills": self.oom_kills, "children": rows}
+
     def next_deadline(self, now: float) -> float | None:
         times = [c.kill_at for c in self.children.values() if c.kill_at is not None]
         times += [max(t, self.next_converge_at) for slot, t in self.respawn_at.items()

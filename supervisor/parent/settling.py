@@ -59,6 +59,10 @@ class Settling:
             return 0.0
         return self.inflight.next_deadline()
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot."""
+        return {"jobs_settled": self.settled}
+
     def job_fields(self, entry: Entry, now: float) -> dict:
         """What every job log line carries (supervisor.parent.inflight.job_fields)."""
         return job_fields(entry, self.cfg.worker_id, now)

@@ -157,6 +157,11 @@ class Listener:
         conn = EventsConnection(source.api, sel, events_path(source.api, list(cfg.queues)))
         return cls(cfg, conn, source.addresses)
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: the stream's state, streams opened, jobs announced."""
+        wake = self.wake
+        return {"stream": wake.state, "connects": wake.connects, "jobs_announced": wake.created_seen}
+
     def turn(self, now: float, may_claim: bool) -> list[Heard | Fatal]:
         """Open, reopen or drop the stream as `Wake` says."""
         wake, conn = self.wake, self.conn

@@ -481,6 +481,7 @@ def test_worker_status_and_snapshot(rig):
     rig.running()
     rig.hold_job("a")
     assert rig.arb.worker_status(T0) == "healthy"
+    rig.arb.publish(T0)  # the loop publishes what /status shows
     snap = rig.arb.snapshot()
     assert snap["registered"] and snap["phase"] == "running" and snap["inflight"] == 1 and snap["procs"] == 2
     assert [c["state"] for c in snap["children"]].count("busy") == 1

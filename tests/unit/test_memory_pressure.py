@@ -62,7 +62,7 @@ def test_above_max_sheds_the_newest_running_job_one_at_a_time():
     assert p.observe(reading(960), T0 + SHED_PAUSE / 2, reserved=0, running=left) == []  # a pause to re-measure
     facts = p.observe(reading(955), T0 + SHED_PAUSE, reserved=0, running=left)
     assert [(f.slot, f.job_id) for f in facts if isinstance(f, ShedJob)] == [(2, "middle")]
-    assert p.status()["shed_jobs"] == 2
+    assert p.stats()["shed_jobs"] == 2
 
 
 def test_between_high_and_max_nothing_running_is_shed():
@@ -86,7 +86,7 @@ def test_thresholds_in_mib_and_the_status_figures():
     p = MemoryPressure(Level(300, False), Level(400, False))
     assert p.thresholds(LIMIT) == (300 * MiB, 400 * MiB, 250 * MiB)
     p.observe(reading(350), T0, reserved=0, running=[])
-    status = p.status()
+    status = p.stats()
     assert status["state"] == "high" and status["paused"] and status["used_bytes"] == 350 * MiB
     assert status["limit_bytes"] == LIMIT and status["high"] == "300 MiB" and status["source"] == "cgroup2"
 
@@ -181,6 +181,7 @@ def test_above_max_the_newest_job_is_failed_and_its_child_stopped(rig):
     assert newest.stopping and newest.stop_reason == "memory_pressure"
     assert (newest.slot, signal.SIGTERM) in rig.signals.sent
     assert not rig.child_of("a").stopping  # one at a time
+    arb.publish(T0 + 2)  # the loop publishes what /status shows
     snap = arb.snapshot()
     assert snap["memory"]["state"] == "max" and snap["memory"]["used_bytes"] == 990 * MiB
 
