@@ -223,6 +223,8 @@ def violations() -> list[Violation]:
 
 
 def test_every_attribute_of_the_parent_is_assigned_only_by_its_own_class():
+    assert {"Arbiter", "ChildPool", "Claiming", "Settling", "InFlight", "Membership", "Pacer", "MemoryPressure",
+            "Listener", "OneAtATime"} <= set(all_fields())  # the parts checked
     found = violations()
     assert not found, "state assigned from outside its owner:\n" + "\n".join(map(str, found))
 
