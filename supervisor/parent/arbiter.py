@@ -23,13 +23,13 @@ import time
 from collections.abc import Sequence
 from logging import INFO, WARNING
 from queue import SimpleQueue
-from types import MappingProxyType
+from types import FrameType, MappingProxyType
 
 import psutil
 
 from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
-from supervisor.client.transport import Transport
+from supervisor.client.transport import BuiltCall, Transport
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
 from supervisor.ops.cgroup import MemorySource
@@ -37,6 +37,7 @@ from supervisor.ops.health import Published
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
+from supervisor.parent.childproc import Child
 from supervisor.parent.claiming import Claiming
 from supervisor.parent.facts import (
     ChildLost,
@@ -81,7 +82,7 @@ LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
-def _number(value) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -173,7 +174,7 @@ class Arbiter:
             self.http.close()
         return self.exit_code
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.put_nowait(signum)
 
     def ask_drain(self) -> None:
@@ -260,7 +261,7 @@ class Arbiter:
         """Send an API call within the request budget; its answer goes to `followup` (see take_answers)."""
         self.pacer.submit(call, followup, first, time.monotonic())
 
-    def _send(self, call, followup, first: bool) -> None:
+    def _send(self, call: BuiltCall, followup: Followup, first: bool) -> None:
         self.http.submit(followup, call, first)
 
     # ---------------------------------------------------------------- routing
@@ -341,7 +342,7 @@ class Arbiter:
                 log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
                           fact=repr(fact)[:300])
 
-    def reap(self, child, now: float) -> None:
+    def reap(self, child: Child, now: float) -> None:
         try:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:

@@ -22,6 +22,7 @@ import logging
 import math
 from functools import partial
 from logging import DEBUG, ERROR, WARNING
+from typing import Any
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
@@ -263,7 +264,7 @@ class Claiming:
             self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
                                                                          lambda now: None))
 
-    def on_history(self, intake: QueueIntake, stats, error, now: float) -> None:
+    def on_history(self, intake: QueueIntake, stats: Any, error: api.ApiError | None, now: float) -> None:
         """A queue's statistics (asked with its first claim while no run time is known, unless requests
         are scarce: --prefetch 0, a request budget): when they say its jobs are short, their mean seeds
         the run time, so the next claims reach ahead (claim_size) before any job of this daemon ends."""
@@ -296,7 +297,8 @@ class Claiming:
         est = intake.run_time.value if intake is not None else None
         return math.inf if est is None or e.started_at is None else max(0.0, e.started_at + est - now)
 
-    def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs, error, now: float) -> list[Fact]:
+    def on_claim(self, intake: QueueIntake, asked: int, sent_at: float, jobs: Any, error: api.ApiError | None,
+                 now: float) -> list[Fact]:
         """A claim's answer: take its jobs into the table (or back off after a failed claim)."""
         if error is not None:
             return self._claim_failed(error, now)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 from logging import ERROR, INFO, WARNING
+from typing import Any
 
 from supervisor import __version__, exitcodes
 from supervisor.backoff import backoff
@@ -95,7 +96,7 @@ class Membership:
         if self.register_at is not None and now >= self.register_at:
             self.register(procs, now)
 
-    def on_register(self, answer, error, now: float) -> list[Fact]:
+    def on_register(self, answer: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """The registration's answer: registered, or retry on a back-off, or a fact the daemon cannot work past."""
         if error is None:
             self.registered = True
@@ -151,7 +152,7 @@ class Membership:
         call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
         self.submit(call, self.heartbeat.followup(self.on_heartbeat))
 
-    def on_heartbeat(self, answer, error, now: float) -> list[Fact]:
+    def on_heartbeat(self, answer: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """A heartbeat's answer: follow what it says; re-register if the API forgot us; retry soon on failure."""
         if error is None:
             self.row_check_at = now + self.heartbeat_interval / 2
@@ -168,7 +169,7 @@ class Membership:
             log_event(log, WARNING, "heartbeat failed", error=str(error))
         return []
 
-    def _follow_answer(self, answer, now: float) -> list[Fact]:
+    def _follow_answer(self, answer: Any, now: float) -> list[Fact]:
         """The documented heartbeat answer: follow `next_heartbeat_seconds`, log unknown commands once,
         and drain when it says `should_drain` (as the gRPC API's heartbeat answer can)."""
         if not isinstance(answer, dict):
@@ -201,7 +202,7 @@ class Membership:
         self.row_check_at = None
         self.submit(self.api.get_worker_call(self.cfg.worker_id), self.row_check.followup(self.on_row))
 
-    def on_row(self, row, error, now: float) -> list[Fact]:
+    def on_row(self, row: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """The worker row read back: a newer instance on it means yield the worker id to it."""
         if error is not None or not isinstance(row, dict):
             return []  # never act on a read that failed

@@ -19,6 +19,9 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from supervisor.client.transport import BuiltCall
+from supervisor.parent.facts import Followup
+
 PRIORITY = {"complete": 0, "fail": 0, "job_heartbeat": 1, "register": 2, "worker_heartbeat": 2, "deregister": 2}
 CLAIM_PRIORITY = 3
 RATE_WINDOW = 2.0  # seconds of sent requests kept to measure the rate being sent
@@ -30,7 +33,7 @@ CREEP_BY = 0.05  # ... by this share, up to the plan's limit
 MIN_RATE = 0.5
 ECHO_WINDOW = 1.0  # seconds after a 429 changed the rate in which further 429s answer requests sent before it
 
-Send = Callable[[object, object, bool], None]  # send(call, followup, first)
+Send = Callable[[BuiltCall, Followup, bool], None]  # send(call, followup, first)
 
 
 class Pacer:
@@ -45,7 +48,7 @@ class Pacer:
         self.last_429_at = -1e9
         self.rate_set_at = -1e9  # when a 429 last changed the rate
         self.crept_at = 0.0
-        self.waiting: list[tuple[int, int, object, object, bool]] = []  # (priority, seq, call, followup, first)
+        self.waiting: list[tuple[int, int, BuiltCall, Followup, bool]] = []  # (priority, seq, call, followup, first)
         self._seq = itertools.count()
         self.recent: collections.deque[float] = collections.deque()  # send times, the last RATE_WINDOW seconds
         self.sent = 0  # requests sent in all
@@ -57,7 +60,7 @@ class Pacer:
                 "rate_limited_answers": self.rate_limited_answers}
 
     # ------------------------------------------------------------ asking
-    def submit(self, call, followup, first: bool, now: float) -> None:
+    def submit(self, call: BuiltCall, followup: Followup, first: bool, now: float) -> None:
         """Send `call` now if the budget allows, else queue it by priority."""
         if self.rate is None or (not self.waiting and self._take(now)):
             self._send(call, followup, first, now)
@@ -141,7 +144,7 @@ class Pacer:
         self.tokens = tokens
         return False
 
-    def _send(self, call, followup, first: bool, now: float) -> None:
+    def _send(self, call: BuiltCall, followup: Followup, first: bool, now: float) -> None:
         self.sent += 1
         self.recent.append(now)
         self.send(call, followup, first)

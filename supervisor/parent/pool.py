@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
+from typing import Any
 
 from supervisor import sdkworker
 from supervisor.backoff import backoff
@@ -37,7 +38,7 @@ MAX_PROCS = 1000
 EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
 
 
-def _number(value, default: float) -> float:
+def _number(value: object, default: float) -> float:
     """A time a child sent, never later than `default` (now); `default` if it sent none."""
     return min(float(value), default) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
@@ -444,7 +445,7 @@ class ChildPool:
         except ValueError:
             pass
 
-    def _unwatch(self, fileobj) -> None:
+    def _unwatch(self, fileobj: Any) -> None:
         try:
             self.sel.unregister(fileobj)
         except (KeyError, ValueError):

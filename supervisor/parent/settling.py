@@ -14,6 +14,7 @@ import logging
 import random
 from functools import partial
 from logging import DEBUG, ERROR, INFO, WARNING
+from typing import Any
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
@@ -114,7 +115,7 @@ class Settling:
             call = self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         self.submit(call, entry.report.followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
 
-    def on_report(self, entry: Entry, _result, error, now: float) -> list[Fact]:
+    def on_report(self, entry: Entry, _result: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         if not self.inflight.holds(entry) or entry.outcome is None:
             return []  # settled or void meanwhile (lease lost, handed out again)
         self.inflight.report_answered(entry)
@@ -199,7 +200,8 @@ class Settling:
         self.inflight.rescan()
         return facts
 
-    def on_renew(self, entry: Entry, sent_at: float, _result, error, now: float) -> list[Fact]:
+    def on_renew(self, entry: Entry, sent_at: float, _result: Any, error: api.ApiError | None,
+                 now: float) -> list[Fact]:
         if not self.inflight.holds(entry):
             return []
         if error is None:
