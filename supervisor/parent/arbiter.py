@@ -571,7 +571,7 @@ class Arbiter:
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:
         pool = self.pool
-        text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.inflight)}"
+        text = f"queue={self.cfg.first_queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.inflight)}"
         text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
@@ -595,7 +595,7 @@ class Arbiter:
         rows = pool["children"]
         started_at = inflight["started_at"]
         fields = {
-            "worker_id": self.cfg.worker_id, "queue": self.cfg.queue, "pid": os.getpid(), "version": __version__,
+            "worker_id": self.cfg.worker_id, "queue": self.cfg.first_queue, "pid": os.getpid(), "version": __version__,
             "registered": members["registered"], "draining": self.phase is Phase.DRAINING,
             "status": self.worker_status(now), "phase": self.phase.value,
             "loop_age_secs": None, "api_age_secs": None, "api_silence_secs": None, "children_down_secs": None,

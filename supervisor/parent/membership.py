@@ -87,7 +87,7 @@ class Membership:
         self.register_attempts += 1
         metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor",
                     "queues": list(self.cfg.queues), **self.identity}
-        call = self.api.register_call(self.cfg.queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata,
+        call = self.api.register_call(self.cfg.first_queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata,
                                       list(self.cfg.queues))
         self.submit(call, self.registration.followup(self.on_register, self.recover_register))
 
@@ -103,7 +103,7 @@ class Membership:
             self.register_attempts = 0
             self.api_ok_at = now
             self.heartbeat_interval = float(max(1, int((answer or {}).get("heartbeat_interval_secs") or 10)))
-            log_event(log, INFO, "registered", worker_id=self.cfg.worker_id, queue=self.cfg.queue,
+            log_event(log, INFO, "registered", worker_id=self.cfg.worker_id, queue=self.cfg.first_queue,
                       heartbeat_interval=self.heartbeat_interval)
             self.next_heartbeat_at = now + self.heartbeat_interval
             return [Registered()]

@@ -50,7 +50,7 @@ def test_a_daemon_whose_row_is_taken_over_drains_exits_6_and_leaves_the_row_alon
 
 
 def _membership(submitted: list) -> Membership:
-    cfg = Config(api_url="http://127.0.0.1:9", api_key=Secret("sp_test_0123456789"), queue="q", handler="m:f",
+    cfg = Config(api_url="http://127.0.0.1:9", api_key=Secret("sp_test_0123456789"), queues=("q",), handler="m:f",
                  worker_id="w", hostname="h", procs=2)
     client = SpooledAPI(cfg.api_url, cfg.api_key)
     return Membership(cfg, client, lambda call, followup, first=False: submitted.append((call, followup)))

@@ -30,7 +30,7 @@ KEY = Secret("sp_test_sim")
 
 
 def make_cfg(**overrides: Any) -> Config:
-    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queue="q", handler="m:f", worker_id="w-sim",
+    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queues=("q",), handler="m:f", worker_id="w-sim",
                                   hostname="sim", procs=2, lease=30, poll_interval=1.0, prefetch=None)
     fields.update(overrides)
     return Config(**fields)

@@ -25,7 +25,7 @@ MiB = 2**20
 
 
 def make_cfg(**overrides: Any) -> Config:
-    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queue="q", handler="tests.handlers:ok", worker_id="w-1",
+    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queues=("q",), handler="tests.handlers:ok", worker_id="w-1",
                                   hostname="host", procs=2, lease=30, poll_interval=5.0, kill_grace=3.0,
                                   drain_timeout=25.0, prefetch=0,  # prefetch 0: claim only for idle children
                                   wake="poll")  # no events stream: these rigs never turn the listener

@@ -580,7 +580,7 @@ def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
 
 
 def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig = Rig(queues=("hi", "lo"))
     rig.maybe_claim(T0, 1)
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"
@@ -601,7 +601,7 @@ def test_no_claim_while_every_queue_backs_off(rig):
 
 
 def test_exhausted_once_every_queue_came_back_short_and_nothing_is_held():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig = Rig(queues=("hi", "lo"))
     assert not rig.flow.claiming.exhausted()
     rig.maybe_claim(T0, 1)
     rig.submit.take("claim")[1].answer([], None, T0)
@@ -633,7 +633,7 @@ def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
 
 
 def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig = Rig(queues=("hi", "lo"))
     rig.claim(T0, 2, [job("a", queue_name="hi"), job("b", queue_name="lo")], answer_at=T0 + 0.02)
     rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.02)
     counts = rig.flow.claiming.by_queue()
