@@ -5,10 +5,10 @@ same way. Each turn the loop waits (select) on the children's sockets and sentin
 connections and one wake-up pipe (written by signal handlers, drain requests and the
 name-resolving helper thread) for at most the earliest deadline any part offers, then in
 order: reads children, reaps the dead, acts on signals, takes API answers, enforces deadlines
-(job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands waiting jobs
+(job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands reserved jobs
 to idle children, claims for the idle ones left, and checks the drain.
 
-The arbiter owns the lifecycle (`Phase`) and sets the exit code in one place (`finish`). The parts
+The arbiter owns the lifecycle (`Phase`) and sets the exit code in one place (`exit_with`). The parts
 never call each other: their methods return facts (supervisor.parent.facts) that `route` hands on.
 """
 
@@ -333,7 +333,7 @@ class Arbiter:
             case Fatal():
                 self.fatal(fact, now)
             case ExitNow():
-                self.finish(fact.code)
+                self.exit_with(fact.code)
             case TakenOver():
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
             case DrainAsked():
@@ -347,7 +347,7 @@ class Arbiter:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:
             log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}: {exc}")
-            self.finish(exitcodes.HANDLER_IMPORT)
+            self.exit_with(exitcodes.HANDLER_IMPORT)
 
     def child_ready(self, fact: ChildReady, now: float) -> None:
         if fact.first:
@@ -355,7 +355,7 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand waiting jobs to idle children (not under memory pressure), send the outcomes recorded this
+        """Hand reserved jobs to idle children (not under memory pressure), send the outcomes recorded this
         turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
         claims), then send busy children their next job ahead while running (never during a drain or
         under memory pressure, which asks the held ones back)."""
@@ -402,7 +402,7 @@ class Arbiter:
         if self.phase is Phase.DRAINING:
             log_event(log, WARNING, "second stop signal: stopping at once", signal=name)
             self.pool.kill_all()
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
         else:
             log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.inflight),
                       drain_timeout=self.cfg.drain_timeout)
@@ -459,7 +459,7 @@ class Arbiter:
         """An error the daemon cannot work past (401): stop claiming, deliver what is in flight, exit."""
         log_event(log, logging.ERROR, f"stopping: {exitcodes.NAMES.get(fact.code, fact.code)}", error=fact.error)
         if not self.membership.registered:
-            self.finish(fact.code)
+            self.exit_with(fact.code)
         else:
             self.drain_with(now, fact.code)
 
@@ -492,22 +492,22 @@ class Arbiter:
             self.hooks.extend_timeout(now, self.drain_deadline - now + self.stop_after_drain())
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
         elif self.claiming.drained():
             log_event(log, INFO, "drained: no job in flight")
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
         elif self.drain_deadline is not None and now >= self.drain_deadline:
             busy = list(self.inflight.jobs)
             log_event(log, WARNING, "drain timeout: stopping busy children; deregistering hands their jobs back "
                                     "to the queue", jobs=busy)
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
 
     def stop_after_drain(self) -> float:
-        """The longest `finish` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
+        """The longest `exit_with` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
         two deregister attempts (supervisor.ops.budget)."""
         return stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout).after_drain
 
-    def finish(self, code: int) -> None:
+    def exit_with(self, code: int) -> None:
         """Stop children, deregister (which releases any job still held) and set the exit code. The
         deregister blocks the loop, bounded: two attempts of at most DEREGISTER_TIMEOUT each, so a stop
         fits systemd's TimeoutStopSec; nothing else is left to serve by then."""

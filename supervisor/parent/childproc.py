@@ -112,7 +112,7 @@ class Child:
         self.recalling = True
         return True
 
-    def finish_job(self, next_id: str | None = None) -> None:
+    def answered(self, next_id: str | None = None) -> None:
         """The child answered for its job; `next_id` is the held job it started at once."""
         self.jobs_done += 1
         self.job_id = None

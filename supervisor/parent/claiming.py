@@ -87,7 +87,7 @@ class Claiming:
         """Nothing left to finish: no job held (or, after stop_starting, none but the unstarted reserve)."""
         if self.claim.busy:
             return False
-        return not self.inflight.jobs if self.starting else self.inflight.waiting_count() == len(self.inflight)
+        return not self.inflight.jobs if self.starting else self.inflight.unassigned_count() == len(self.inflight)
 
     def next_deadline(self, now: float, may_claim: bool, idle: int, claim_gate: float = 0.0) -> float | None:
         """When (`may_claim`: registered and running) the next claim is due: now-ish when children are idle,
@@ -96,8 +96,8 @@ class Claiming:
         if not may_claim or self.claim.busy:
             return None
         soonest = max(min(q.next_claim_at for q in self.queues.values()), self.claim_not_before, claim_gate)
-        if idle > self.inflight.waiting_count():
-            return soonest  # a child is idle with no job waiting for it
+        if idle > self.inflight.unassigned_count():
+            return soonest  # a child is idle and no reserved job is unassigned
         if self.cfg.prefetch != 0:
             need = self._need(now, idle)
             need_at = now if claim_size(need) > 0 else next_need_at(now, need)  # now: inside the horizon
@@ -131,7 +131,7 @@ class Claiming:
         whether its last claim came back short (`empty`) — for /status, read on the health server's thread, so
         it iterates copies of the tables the loop changes."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
-        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.waiting()),
+        for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.unassigned()),
                              ("reserved", self.inflight.held())):
             for e in entries:
                 if e.queue in out:
@@ -140,7 +140,7 @@ class Claiming:
 
     def reserved(self) -> int:
         """Jobs claimed and not yet started: the reserve (those held by busy children included)."""
-        return self.inflight.waiting_count() + self.inflight.held_count()
+        return self.inflight.unassigned_count() + self.inflight.held_count()
 
     def held(self) -> int:
         """Jobs sent ahead to busy children and not started yet."""
@@ -159,7 +159,7 @@ class Claiming:
         return []
 
     def job_returned(self, fact: JobReturned, now: float) -> None:
-        """A child gave back its held job unstarted: it waits for a child again."""
+        """A child gave back its held job unstarted: it is unassigned again."""
         entry = self.inflight.get(fact.job_id)
         kept = entry is not None and entry.held and entry.slot == fact.slot
         if entry is not None and kept:
@@ -167,22 +167,22 @@ class Claiming:
         log_event(log, DEBUG, "held job returned", job_id=fact.job_id, slot=fact.slot, kept=kept)
 
     def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
-        """Which idle child takes which waiting job, oldest job first (none after stop_starting)."""
-        if not self.starting or not idle or not self.inflight.waiting_count():
+        """Which idle child takes which unassigned reserved job, oldest job first (none after stop_starting)."""
+        if not self.starting or not idle or not self.inflight.unassigned_count():
             return []
-        return list(zip(idle, self.inflight.waiting(), strict=False))
+        return list(zip(idle, self.inflight.unassigned(), strict=False))
 
     def stop_starting(self) -> None:
-        """Hand no more waiting jobs to children. They stay held (leases renewed) until deregistering hands
+        """Hand no more reserved jobs to children. They stay held (leases renewed) until deregistering hands
         them back to the queue unaltered: the API has no route that releases one job, and failing it would
         spend one of its retries."""
         self.starting = False
 
     def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
-        """Which busy child (of those that may hold one) is sent which waiting job ahead, to start it the
+        """Which busy child (of those that may hold one) is sent which unassigned reserved job ahead, to start it the
         moment its own job ends: only jobs of queues whose jobs are short, for children whose job is
         expected to end soon, the soonest first; never with --prefetch 0 or after stop_starting."""
-        if self.cfg.prefetch == 0 or not self.starting or not busy or not self.inflight.waiting_count():
+        if self.cfg.prefetch == 0 or not self.starting or not busy or not self.inflight.unassigned_count():
             return []
         ready = []
         for c in busy:
@@ -191,7 +191,7 @@ class Claiming:
         ready.sort()
         out = []
         children = iter(ready)
-        for entry in self.inflight.waiting():
+        for entry in self.inflight.unassigned():
             intake = self.queues.get(entry.queue)
             if intake is None or not may_hold(intake.run_time.value, 0.0):
                 continue
@@ -275,7 +275,7 @@ class Claiming:
                       run_time=round(seed, 4))
 
     def _need(self, now: float, idle: int, procs: int | None = None, rate: float | None = None) -> Need:
-        return Need(idle=idle, waiting=self.reserved(), remaining=self._busy_remaining(now),
+        return Need(idle=idle, reserved=self.reserved(), remaining=self._busy_remaining(now),
                     procs=procs or self.cfg.procs, rtt=self.claim_rtt.value, run_time=self._run_time(),
                     prefetch=self.cfg.prefetch, rate=rate)
 

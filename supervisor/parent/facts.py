@@ -34,7 +34,7 @@ class JobStarted:
 
 @dataclass(frozen=True)
 class JobReturned:
-    """A child gave back its held job unstarted (asked to, or it ended): the job waits for a child again."""
+    """A child gave back its held job unstarted (asked to, or it ended): the job is unassigned again."""
 
     slot: int
     job_id: str

@@ -39,7 +39,7 @@ class Entry:
     claimed_at: float
     lease_until: float  # when the lease runs out unless renewed
     renew_at: float  # when to renew it next
-    slot: int | None = None  # the child running (or holding) it; None while waiting for a child or reporting
+    slot: int | None = None  # the child running (or holding) it; None while unassigned or reporting
     pid: int | None = None  # that child's pid
     held: bool = False  # sent ahead to the busy child on `slot`, not started yet
     started_at: float | None = None
@@ -80,7 +80,7 @@ class InFlight:
         self.lease_secs = lease_secs
         self.renew_every = max(1.0, lease_secs / 3.0)
         self.jobs: dict[str, Entry] = {}
-        self._waiting: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
+        self._unassigned: dict[str, Entry] = {}  # the entries of `jobs` claimed and not yet given a child or an outcome
         self._held: dict[str, Entry] = {}  # the entries of `jobs` sent ahead to a busy child, not started yet
         self._running: dict[int, Entry] = {}  # slot -> the entry its child runs (started, no outcome yet)
         self._bound = math.inf  # no deadline of any entry is earlier (see the module docstring)
@@ -91,7 +91,7 @@ class InFlight:
     # -- entering and leaving --
     def add(self, job: dict, now: float) -> Entry:
         entry = Entry(job=job, claimed_at=now, lease_until=now + self.lease_secs, renew_at=now + self.renew_every)
-        self.jobs[job["id"]] = self._waiting[job["id"]] = entry
+        self.jobs[job["id"]] = self._unassigned[job["id"]] = entry
         self._lower(entry.renew_at)
         return entry
 
@@ -103,7 +103,7 @@ class InFlight:
         return self.jobs.get(entry.id) is entry
 
     def pop(self, job_id: str) -> Entry | None:
-        self._waiting.pop(job_id, None)
+        self._unassigned.pop(job_id, None)
         self._held.pop(job_id, None)
         entry = self.jobs.pop(job_id, None)
         if entry is not None:
@@ -114,9 +114,9 @@ class InFlight:
         if entry.slot is not None and self._running.get(entry.slot) is entry:
             del self._running[entry.slot]
 
-    def _not_waiting(self, entry: Entry) -> None:
-        if self._waiting.get(entry.id) is entry:
-            del self._waiting[entry.id]
+    def _not_reserved(self, entry: Entry) -> None:
+        if self._unassigned.get(entry.id) is entry:
+            del self._unassigned[entry.id]
         if self._held.get(entry.id) is entry:
             del self._held[entry.id]
         entry.held = False
@@ -124,36 +124,36 @@ class InFlight:
     # -- the job's life --
     def hold(self, entry: Entry, slot: int, pid: int | None) -> None:
         """`entry` was sent ahead to the busy child on `slot`; it starts (`start`) or comes back (`unhold`)."""
-        self._not_waiting(entry)
+        self._not_reserved(entry)
         entry.slot, entry.pid, entry.held = slot, pid, True
         self._held[entry.id] = entry
 
     def unhold(self, entry: Entry) -> None:
-        """The child gave `entry` back unstarted: it waits for a child again (its lease deadline included)."""
-        self._not_waiting(entry)
+        """The child gave `entry` back unstarted: it is unassigned again (its lease deadline included)."""
+        self._not_reserved(entry)
         entry.slot = entry.pid = None
-        self._waiting[entry.id] = entry
+        self._unassigned[entry.id] = entry
         self._lower(self._renewal_deadline(entry))
 
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
-        self._not_waiting(entry)
+        self._not_reserved(entry)
         self._running[slot] = entry
         entry.slot, entry.pid, entry.started_at = slot, pid, now
         timeout = entry.job.get("timeout_seconds")
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
         self._lower(entry.timeout_at)
 
-    def finish(self, entry: Entry, outcome: Outcome, now: float) -> None:
+    def record_outcome(self, entry: Entry, outcome: Outcome, now: float) -> None:
         """The child is done with it (or was stopped): record how and for how long; what is left is
         telling the API."""
-        self._not_waiting(entry)
+        self._not_reserved(entry)
         self._not_running(entry)
         entry.outcome, entry.slot, entry.timeout_at = outcome, None, None
         if entry.started_at is not None:
             entry.duration = now - entry.started_at
 
     def replace_outcome(self, entry: Entry, outcome: Outcome) -> None:
-        self._not_waiting(entry)
+        self._not_reserved(entry)
         self._not_running(entry)
         entry.outcome = outcome
 
@@ -191,12 +191,12 @@ class InFlight:
         self._lower(self._renewal_deadline(entry))
 
     # -- queries --
-    def waiting(self) -> list[Entry]:
-        """Claimed jobs not yet handed to a child, oldest first."""
-        return list(self._waiting.values())
+    def unassigned(self) -> list[Entry]:
+        """Reserved jobs no child has (neither running nor held), oldest first."""
+        return list(self._unassigned.values())
 
-    def waiting_count(self) -> int:
-        return len(self._waiting)
+    def unassigned_count(self) -> int:
+        return len(self._unassigned)
 
     def held(self) -> list[Entry]:
         """Jobs sent ahead to busy children and not started yet."""
@@ -233,11 +233,11 @@ class InFlight:
         then `enforce` drops the job. None while a renewal is on the wire."""
         if e.renewal.busy:
             return None
-        return min(e.renew_at, e.lease_until) if self._waiting.get(e.id) is e or e.held else e.renew_at
+        return min(e.renew_at, e.lease_until) if self._unassigned.get(e.id) is e or e.held else e.renew_at
 
     def next_deadline(self) -> float | None:
         """When a deadline may next be due: never later than the earliest one (a renewal, a timeout, a
-        report to resend, a waiting job's lease), earlier only until the next `rescan`; None if none."""
+        report to resend, an unassigned job's lease), earlier only until the next `rescan`; None if none."""
         return None if self._bound == math.inf else self._bound
 
     def due(self, now: float) -> bool:

@@ -48,7 +48,7 @@ class Pacer:
         self.last_429_at = -1e9
         self.rate_set_at = -1e9  # when a 429 last changed the rate
         self.crept_at = 0.0
-        self.waiting: list[tuple[int, int, BuiltCall, Followup, bool]] = []  # (priority, seq, call, followup, first)
+        self.deferred: list[tuple[int, int, BuiltCall, Followup, bool]] = []  # (priority, seq, call, followup, first)
         self._seq = itertools.count()
         self.recent: collections.deque[float] = collections.deque()  # send times, the last RATE_WINDOW seconds
         self.sent = 0  # requests sent in all
@@ -62,11 +62,11 @@ class Pacer:
     # ------------------------------------------------------------ asking
     def submit(self, call: BuiltCall, followup: Followup, first: bool, now: float) -> None:
         """Send `call` now if the budget allows, else queue it by priority."""
-        if self.rate is None or (not self.waiting and self._take(now)):
+        if self.rate is None or (not self.deferred and self._take(now)):
             self._send(call, followup, first, now)
             return
         prio = PRIORITY.get(getattr(call, "route", ""), CLAIM_PRIORITY)
-        heapq.heappush(self.waiting, (prio, next(self._seq), call, followup, first))
+        heapq.heappush(self.deferred, (prio, next(self._seq), call, followup, first))
 
     def allows_claim(self, now: float) -> bool:
         """A claim may go now: no Retry-After holds, nothing of higher priority waits, and a token is
@@ -75,20 +75,20 @@ class Pacer:
             return False
         if self.rate is None:
             return True
-        return not self.waiting and self._tokens(now) >= 2.0
+        return not self.deferred and self._tokens(now) >= 2.0
 
     def release(self, now: float) -> None:
         """Send queued calls as tokens come in; grow a learned rate while no 429 comes."""
         self._creep(now)
-        while self.waiting and self._take(now):
-            _, _, call, followup, first = heapq.heappop(self.waiting)
+        while self.deferred and self._take(now):
+            _, _, call, followup, first = heapq.heappop(self.deferred)
             self._send(call, followup, first, now)
 
     def next_deadline(self, now: float) -> float | None:
         times = []
         if self.claims_paused_until > now:
             times.append(self.claims_paused_until)
-        if self.rate and self.waiting:
+        if self.rate and self.deferred:
             times.append(now + max(0.0, 1.0 - self._tokens(now)) / self.rate)
         return min(times) if times else None
 

@@ -322,7 +322,7 @@ class ChildPool:
     def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
         following = msg.get("next")
         following = following if isinstance(following, str) else None
-        child.finish_job(following)
+        child.answered(following)
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:

@@ -76,7 +76,7 @@ class Settling:
         if entry is None or entry.slot != fact.slot:
             log_event(log, DEBUG, "result for a job no longer held; dropped", job_id=fact.job_id, slot=fact.slot)
             return []
-        self.inflight.finish(entry, Outcome(fact.ok, fact.value, "completed" if fact.ok else "failed"), now)
+        self.inflight.record_outcome(entry, Outcome(fact.ok, fact.value, "completed" if fact.ok else "failed"), now)
         self.unsent.append(entry)
         return [QueueFreed(entry.queue, entry.duration)]
 
@@ -92,7 +92,7 @@ class Settling:
     def hand_back_reserved(self, error: str, now: float) -> None:
         """Give every reserved job (claimed, not started) back to the queue, failed with `error` (the API has
         no release: a fail puts it back, to be retried, by this worker or another)."""
-        for entry in self.inflight.waiting():
+        for entry in self.inflight.unassigned():
             log_event(log, INFO, "handing a reserved job back", error=error, **self.job_fields(entry, now))
             self._fail(entry, error, now, "failed")
 
@@ -124,7 +124,7 @@ class Settling:
         if error is None:
             self.inflight.pop(entry.id)
             self.settled += 1
-            self.hooks.job_finished(entry.queue, out.label, entry.duration)
+            self.hooks.job_settled(entry.queue, out.label, entry.duration)
             if out.ok:
                 log_event(log, INFO, "job completed", **fields)
             else:
@@ -133,7 +133,7 @@ class Settling:
             return []
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(entry.id)
-            self.hooks.job_finished(entry.queue, "lease_lost", entry.duration)
+            self.hooks.job_settled(entry.queue, "lease_lost", entry.duration)
             log_event(log, WARNING, f"{out.verb} refused: this worker no longer holds the job; outcome dropped",
                       error=str(error), **fields)
         elif isinstance(error, api.Unauthorized):
@@ -177,7 +177,7 @@ class Settling:
         if not self.inflight.due(now):
             return []
         facts: list[Fact] = []
-        for entry in self.inflight.waiting() + self.inflight.held():
+        for entry in self.inflight.unassigned() + self.inflight.held():
             if entry.lease_until <= now and not entry.renewal.busy:
                 # The loop did not run for longer than the lease (the host paused, the API unreachable):
                 # the server has re-queued the job, so this copy must never reach a child.
@@ -236,7 +236,7 @@ class Settling:
         one runs or holds it) stopped or asked to give it back."""
         if self.inflight.holds(entry):
             self.inflight.pop(entry.id)
-        self.hooks.job_finished(entry.queue, "lease_lost", None)
+        self.hooks.job_settled(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
         if entry.slot is None:
             return []
@@ -244,5 +244,5 @@ class Settling:
 
     def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
-        self.inflight.finish(entry, Outcome(False, error, label), now)
+        self.inflight.record_outcome(entry, Outcome(False, error, label), now)
         self._report(entry)

@@ -384,7 +384,7 @@ def test_a_held_jobs_timeout_counts_from_the_start_the_child_reports():
     flow, _, child = flow_holding()
     ((holder, entry),) = flow.claiming.holds([child], 10.001)
     flow.claiming.hold(entry, holder)
-    assert flow.claiming.reserved() == 1 and flow.claiming.held() == 1 and flow.inflight.waiting_count() == 0
+    assert flow.claiming.reserved() == 1 and flow.claiming.held() == 1 and flow.inflight.unassigned_count() == 0
     assert flow.enforce(11.5) == [] and entry.timeout_at is None  # held 1.5 s: its 1 s timeout has not begun
     flow.job_done(JobDone(0, "run", True, None), 12.0)
     assert flow.job_started(JobStarted(0, "next", 11.9), 12.0) == []
@@ -410,7 +410,7 @@ def test_a_held_job_given_back_waits_for_a_child_again_and_a_dead_childs_job_sti
     flow.claiming.hold(entry, holder)
     flow.job_returned(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
     flow.child_lost(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
-    assert [e.id for e in flow.inflight.waiting()] == ["next"] and entry.slot is None
+    assert [e.id for e in flow.inflight.unassigned()] == ["next"] and entry.slot is None
     assert flow.inflight.get("run").outcome.label == "crashed"
 
 

@@ -78,8 +78,8 @@ class Hooks(NullHooks):
     def __init__(self) -> None:
         self.events: list[tuple] = []
 
-    def job_finished(self, queue: str, outcome: str, duration: float | None) -> None:
-        self.events.append(("job_finished", queue, outcome, duration))
+    def job_settled(self, queue: str, outcome: str, duration: float | None) -> None:
+        self.events.append(("job_settled", queue, outcome, duration))
 
     def child_restarted(self, reason: str) -> None:
         self.events.append(("child_restarted", reason))

@@ -133,13 +133,13 @@ def test_route_hands_each_fact_to_the_part_that_acts_on_it(rig, monkeypatch):
         ("pool.stop_job_child", (slot, job_id, reason))))
     monkeypatch.setattr(rig.arb, "child_ready", record("arbiter.child_ready"))
     monkeypatch.setattr(rig.arb, "fatal", record("arbiter.fatal"))
-    monkeypatch.setattr(rig.arb, "finish", lambda code: seen.append(("arbiter.finish", code)))
+    monkeypatch.setattr(rig.arb, "exit_with", lambda code: seen.append(("arbiter.exit_with", code)))
     facts = [JobDone(0, "a", True, 1), ChildLost(1, "e", "crashed"), StopJob(2, "b", "timeout"), ChildReady(0, True),
              Fatal(4, "401"), ExitNow(5), JobStarted(0, "c", T0), JobReturned(1, "d"), RecallJob(2, "e")]
     rig.arb.route(facts, T0)
     assert seen == [("jobs.job_done", facts[0]), ("jobs.child_lost", facts[1]),
                     ("pool.stop_job_child", (2, "b", "timeout")), ("arbiter.child_ready", facts[3]),
-                    ("arbiter.fatal", facts[4]), ("arbiter.finish", 5), ("jobs.job_started", facts[6]),
+                    ("arbiter.fatal", facts[4]), ("arbiter.exit_with", 5), ("jobs.job_started", facts[6]),
                     ("jobs.job_returned", facts[7]), ("pool.recall_job", (2, "e"))]
 
 
@@ -187,7 +187,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     rig.answer("claim", [], now=T0 + 1.05)
     rig.answer("complete", {}, now=T0 + 1.1)
     assert rig.arb.claiming.drained()
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", pytest.approx(0.9))]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", pytest.approx(0.9))]
 
 
 def test_no_claim_before_registration(rig):
@@ -365,7 +365,7 @@ def test_deregister_is_tried_twice_when_the_api_is_unavailable(rig, monkeypatch)
         raise timeout_error()
 
     monkeypatch.setattr(rig.arb.api, "deregister", unavailable)
-    rig.arb.finish(exitcodes.OK)
+    rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1", "w-1"] and not rig.arb.membership.registered
 
 
@@ -378,13 +378,13 @@ def test_deregister_refused_is_not_retried(rig, monkeypatch):
         raise error(404, job_route=False)
 
     monkeypatch.setattr(rig.arb.api, "deregister", refused)
-    rig.arb.finish(exitcodes.OK)
+    rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1"] and rig.arb.exit_code == exitcodes.OK
 
 
-def test_finish_sets_the_exit_code_once(rig):
-    rig.arb.finish(3)
-    rig.arb.finish(0)
+def test_exit_with_sets_the_exit_code_once(rig):
+    rig.arb.exit_with(3)
+    rig.arb.exit_with(0)
     assert rig.arb.exit_code == 3 and rig.shutdowns == 1
 
 

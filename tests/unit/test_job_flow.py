@@ -84,7 +84,7 @@ def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     assert rig.flow.claiming.claim.busy
     assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
     assert not rig.flow.claiming.claim.busy
-    assert [e.id for e in rig.flow.inflight.waiting()] == ["a", "b"]
+    assert [e.id for e in rig.flow.inflight.unassigned()] == ["a", "b"]
     entry = rig.entry("a")
     assert entry.claimed_at == T0 and entry.lease_until == T0 + 30  # the lease counts from when the claim left
     assert rig.intake.next_claim_at == T0 + 0.3 and rig.intake.empty_claims == 0
@@ -189,7 +189,7 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     old = rig.entry("a")
     facts = rig.claim(T0 + 40, 1, [dict(job("a"), lease_id="L-new")])
     assert facts == [StopJob(1, "a", "lease_lost")]
-    assert ("job_finished", "q", "lease_lost", None) in rig.hooks.events
+    assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
     # whatever the old copy's child answers is void
@@ -250,7 +250,7 @@ def test_report_ok_settles_the_job(rig):
     _, followup, _ = rig.finish("a", now=T0 + 2.5)
     assert followup.answer({}, None, T0 + 2.6) == []
     assert rig.entry("a") is None and rig.flow.claiming.drained()
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", 2.5)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", 2.5)]
 
 
 def test_report_of_a_failure_is_labelled_failed(rig):
@@ -258,7 +258,7 @@ def test_report_of_a_failure_is_labelled_failed(rig):
     call, followup, _ = rig.finish("a", ok=False, value="ValueError: x", now=T0 + 1)
     assert body(call)["error"] == "ValueError: x"
     followup.answer({}, None, T0 + 1.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "failed", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
 
 @pytest.mark.parametrize("answer", [error(409, "LEASE_EXPIRED"), error(409, "CONFLICT"), error(404, "NOT_FOUND")],
@@ -269,7 +269,7 @@ def test_report_refused_because_the_job_is_no_longer_ours_drops_it(rig, answer):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     assert followup.answer(None, answer, T0 + 1.1) == []
     assert rig.entry("a") is None
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "lease_lost", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "lease_lost", 1.0)]
     assert rig.flow.enforce(T0 + 100) == [] and rig.submit.calls == []  # nothing resent
 
 
@@ -329,7 +329,7 @@ def test_result_rejected_with_422_becomes_a_failure_report(rig):
     assert body(call)["error"].startswith("ResultRejected: the API refused this job's result")
     followup.answer({}, None, T0 + 1.2)
     assert rig.entry("a") is None
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "failed", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
 
 def test_failure_report_rejected_is_dropped(rig):
@@ -402,7 +402,7 @@ def test_renewal_lease_lost_stops_the_child_and_drops_the_job(rig, answer):
     assert followup.answer(None, answer, T0 + 10.1) == [StopJob(3, "a", "lease_lost")]
     assert rig.entry("a") is None
     assert ("lease_renewed", "lost") in rig.hooks.events
-    assert ("job_finished", "q", "lease_lost", None) in rig.hooks.events
+    assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
 
 
 def test_renewal_error_retries_soon(rig):
@@ -425,7 +425,7 @@ def test_renewal_refused_once_the_outcome_is_known_is_no_lost_lease(rig):
     assert renew.answer(None, error(409, "CONFLICT"), T0 + 10.1) == []
     entry = rig.entry("a")
     assert entry is not None and entry.renew_at == T0 + 12.1
-    assert rig.hooks.named("lease_renewed") == [] and rig.hooks.named("job_finished") == []
+    assert rig.hooks.named("lease_renewed") == [] and rig.hooks.named("job_settled") == []
 
 
 def test_renewal_401_is_fatal(rig):
@@ -468,7 +468,7 @@ def test_timeout_stops_the_child_and_fails_the_job(rig):
     assert "pid 4242" in body(call)["error"]
     assert rig.flow.enforce(T0 + 9) == []  # once
     followup.answer({}, None, T0 + 8.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "timed_out", 5.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "timed_out", 5.0)]
 
 
 def test_a_job_without_timeout_never_times_out(rig):
@@ -487,7 +487,7 @@ def test_child_lost_fails_its_job_with_the_error_and_label(rig):
     call, followup, _ = rig.submit.take("fail")
     assert call.path.endswith("/jobs/a/fail") and body(call)["error"] == lost.error
     followup.answer({}, None, T0 + 2.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "crashed", 2.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "crashed", 2.0)]
     assert rig.entry("b").slot == 0  # the other child's job is untouched
 
 
