@@ -87,6 +87,8 @@ def _number(value: object) -> float | None:
 
 
 class Phase(enum.Enum):
+    """The daemon's stage; only the arbiter changes it (and publishes the change at once)."""
+
     STARTING = "starting"  # children coming up; not registered yet
     RUNNING = "running"  # registered (or re-registering); claiming
     DRAINING = "draining"  # a stop signal or a fatal error: no more claims, finishing what is held
@@ -94,6 +96,10 @@ class Phase(enum.Enum):
 
 
 class Arbiter:
+    """The parent's loop: waits on every part's sockets and deadlines, acts on signals, routes the facts the
+    parts return (`route`), owns the phase and sets the exit code in one place (`exit_with`). It wires the
+    parts and publishes their `stats()` as a frozen snapshot for the health server's thread."""
+
     def __init__(self, cfg: Config, client: Transport, hooks: NullHooks | None = None,
                  memory: MemorySource | None = None):
         self.cfg = cfg

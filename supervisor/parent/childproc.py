@@ -42,6 +42,8 @@ def set_group_grace(grace: float) -> None:
 
 
 class ChildState(enum.Enum):
+    """Where a child is in its life, as the parent sees it."""
+
     STARTING = "starting"  # importing the handler
     IDLE = "idle"  # waiting for a job
     BUSY = "busy"  # running `job_id`

@@ -35,6 +35,9 @@ class Outcome:
 
 @dataclass(eq=False)
 class Entry:
+    """One job this worker holds: the job as claimed, its lease, the child that has it and how it ended.
+    `InFlight`'s record: only its methods change the fields (`renewal` and `report` are its calls on the wire)."""
+
     job: dict  # the job as the claim answered it
     claimed_at: float
     lease_until: float  # when the lease runs out unless renewed

@@ -37,6 +37,9 @@ log = logging.getLogger("supervisor")
 
 
 class Membership:
+    """This daemon's worker row: registration (one at a time, retried), heartbeats built from the values the
+    loop passes, the takeover check, and whether the API answers; answers come back as facts."""
+
     def __init__(self, cfg: Config, client: Transport, submit: Submit):
         self.cfg = cfg
         self.api = client  # builds the calls

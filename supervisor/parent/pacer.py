@@ -37,6 +37,9 @@ Send = Callable[[BuiltCall, Followup, bool], None]  # send(call, followup, first
 
 
 class Pacer:
+    """The request budget in front of the loop's transport: sends a call now or defers it by priority
+    (`deferred`) until a token frees; learns the rate from 429s unless --max-rps fixed it."""
+
     def __init__(self, send: Send, max_rps: float | None = None):
         self.send = send  # the HTTP client's submit
         self.rate: float | None = max_rps  # requests per second allowed; None = not paced

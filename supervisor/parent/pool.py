@@ -48,6 +48,9 @@ class HandlerImportFailed(Exception):
 
 
 class ChildPool:
+    """The children: starts, feeds, reads, reaps and replaces them to match the target size; owns everything
+    about them and answers with facts (see the module docstring)."""
+
     def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks, memory: MemorySource | None = None,
                  measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = tree_memory):
         self.cfg = cfg
