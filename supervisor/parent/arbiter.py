@@ -1,4 +1,5 @@
-"""The parent process: one loop that routes between the child pool, the job flow and membership.
+"""The parent process: one loop that routes between the child pool, the job's parts (claiming, settling,
+the in-flight table) and membership.
 
 Signal handlers only record the signal, and the health port's thread records a drain request the
 same way. Each turn the loop waits (select) on the children's sockets and sentinels, the API
@@ -106,7 +107,7 @@ class Arbiter:
         self.api = client
         self.hooks = hooks or NullHooks()
         self.phase = Phase.STARTING
-        self.exit_code: int | None = None  # set by finish() only
+        self.exit_code: int | None = None  # set by exit_with() only
         self.drain_code = exitcodes.OK  # the exit code once the drain ends
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent

@@ -1,6 +1,6 @@
 """What the parent's parts tell the arbiter, and what an API call carries back.
 
-Parts never call each other: a method of the pool, the job flow or membership returns a list of
+Parts never call each other: a method of the pool, claiming, settling or membership returns a list of
 these facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`).
 """
 
@@ -60,7 +60,7 @@ class ChildLost:
 
 @dataclass(frozen=True)
 class StopJob:
-    """The job flow gave up on `job_id` (timeout, lost lease): stop the child running it."""
+    """Settling gave up on `job_id` (timeout, lost lease): stop the child running it."""
 
     slot: int
     job_id: str
@@ -69,7 +69,7 @@ class StopJob:
 
 @dataclass(frozen=True)
 class RecallJob:
-    """The job flow wants the held job `job_id` back from the child on `slot` (lease lost, a drain)."""
+    """The held job `job_id` is wanted back from the child on `slot` (lease lost, a drain)."""
 
     slot: int
     job_id: str
@@ -163,7 +163,7 @@ class Listening:
     live: bool
 
 
-Heard = WorkCreated | Listening  # what the events stream tells the job flow
+Heard = WorkCreated | Listening  # what the events stream tells claiming
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
         | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
 

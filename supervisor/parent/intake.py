@@ -1,6 +1,6 @@
 """How many jobs to claim, and when: claim just ahead of need, in batches.
 
-Pure decisions on numbers the job flow measures; no I/O. The idea is Little's law: a child that
+Pure decisions on numbers claiming measures; no I/O. The idea is Little's law: a child that
 will be free within about one claim round trip should find a job reserved for it, so the reserve of
 claimed-but-not-started jobs covers the round trip and no more. Jobs much longer than a round
 trip are never reserved (their children are claimed for when idle, as with no prefetch), so a
@@ -74,7 +74,7 @@ class Tail:
 
 @dataclass(frozen=True)
 class Need:
-    """What the job flow knows when it decides to claim."""
+    """What claiming knows when it decides to claim."""
 
     idle: int  # idle children now
     reserved: int  # jobs claimed and not yet started (the reserve)

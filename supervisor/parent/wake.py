@@ -2,7 +2,7 @@
 
 `Wake` decides, without I/O, from what it is told (`now` passed in): when to open the stream, that a
 `job.created` event means "claim from this queue now" (`WorkCreated`), that the stream went live or
-down (`Listening`: the job flow re-checks every queue then, since events may have been missed, and
+down (`Listening`: claiming re-checks every queue then, since events may have been missed, and
 polls an empty queue only every SAFETY_POLL seconds while the stream is live), when a silent stream
 is dead, and how long to wait before reopening (back-off). A server without the route (404/405) or a
 key refused the queue (403) turns listening off for good, said once: the daemon polls as before.
