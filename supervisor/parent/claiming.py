@@ -84,7 +84,7 @@ class Claiming:
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
-        """Nothing left to finish: no job held (or, after stop_starting, none but the unstarted reserve)."""
+        """Nothing left to run or settle: no job held (or, after stop_starting, none but the unstarted reserve)."""
         if self.claim.busy:
             return False
         return not self.inflight.jobs if self.starting else self.inflight.unassigned_count() == len(self.inflight)
@@ -128,8 +128,7 @@ class Claiming:
 
     def by_queue(self) -> dict[str, dict]:
         """Per queue, in priority order: jobs held (`inflight`), of them not yet started (`reserved`), and
-        whether its last claim came back short (`empty`) — for /status, read on the health server's thread, so
-        it iterates copies of the tables the loop changes."""
+        whether its last claim came back short (`empty`): /status's `queues`."""
         out = {name: {"inflight": 0, "reserved": 0, "empty": q.empty_claims > 0} for name, q in self.queues.items()}
         for key, entries in (("inflight", list(self.inflight.jobs.values())), ("reserved", self.inflight.unassigned()),
                              ("reserved", self.inflight.held())):
