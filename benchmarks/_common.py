@@ -199,9 +199,17 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> Daemon:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Daemon:
+        """Start the process without waiting for it (`wait_ready` waits): a fleet starts together."""
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.cmd, cwd=self.root, env=child_env(SPOOLED_API_KEY=self.server.key),
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> Daemon:
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         while '"msg":"ready"' not in self.log():
             if self.proc.poll() is not None or time.monotonic() > deadline:

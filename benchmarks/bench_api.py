@@ -16,9 +16,10 @@ Sections, each run side by side in one go against dev servers on loopback:
            With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too;
            `--baseline PATH` adds a `baseline` row: the daemon of another checkout (e.g. a
            `git worktree` of the commit before claim-ahead), on the same dev server, in the same run.
-  noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead, REST --prefetch 0, gRPC).
-  fleet    two daemons on one queue, jobs of 2 s (sleep, so the cores do not limit it), 20 ms latency:
-           makespan / ideal makespan, and how evenly the jobs split.
+  noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead three times, their median the
+           figure; REST --prefetch 0 and gRPC once).
+  fleet    two daemons on one queue, started and idle, then handed jobs of 2 s (sleep, so the cores do not
+           limit it), 20 ms latency: makespan / ideal makespan, and how evenly the jobs split.
   budget   the dev server limits the organization to R requests/s (burst 2R, as Spooled's plans
            allow) for R = 5, 25, 100; 20 ms jobs. jobs/s, requests per job and 429s per 100 jobs,
            counted by the server itself (GET /_dev/stats), for the daemon and the SDK worker.
@@ -48,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests  # noqa: E402
 
 from benchmarks._common import Daemon, DevServer, SdkWorker, free_port, machine  # noqa: E402
+from supervisor.parent.intake import HISTORY_MIN_JOBS  # noqa: E402
 
 CORES = os.cpu_count() or 1
 BASELINE = ""  # --baseline: another checkout whose daemon runs beside this one
@@ -70,17 +72,18 @@ def log(msg: str) -> None:
 class Db:
     """Read-only view of the dev server's database: progress and job records at no API cost."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, since: float = 0.0):
         self.conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+        self.since = since  # only jobs created at or after this wall-clock time count (not a warm-up's)
 
     def finished(self, queue: str) -> int:
-        row = self.conn.execute("SELECT count(*) FROM jobs WHERE queue_name=? AND status IN "
-                                "('completed','failed','deadletter')", (queue,)).fetchone()
+        row = self.conn.execute("SELECT count(*) FROM jobs WHERE queue_name=? AND created_at>=? AND status IN "
+                                "('completed','failed','deadletter')", (queue, self.since)).fetchone()
         return int(row[0])
 
     def span(self, queue: str) -> tuple[int, float]:
         row = self.conn.execute("SELECT count(*), min(started_at), max(completed_at) FROM jobs WHERE queue_name=? "
-                                "AND status='completed'", (queue,)).fetchone()
+                                "AND created_at>=? AND status='completed'", (queue, self.since)).fetchone()
         return int(row[0]), (row[2] - row[1]) if row[0] else 0.0
 
     def steady(self, queue: str, trim: float = STEADY_TRIM) -> tuple[int, float]:
@@ -88,7 +91,7 @@ class Db:
         the stream once it runs, without the batch's ends (the first claim before any run time is
         known, the last report's round trip, one child idle while the other ends the last job)."""
         ends = sorted(r[0] for r in self.conn.execute("SELECT completed_at FROM jobs WHERE queue_name=? AND "
-                                                      "status='completed'", (queue,)))
+                                                      "created_at>=? AND status='completed'", (queue, self.since)))
         k = int(len(ends) * trim)
         if len(ends) - 2 * k < 2:
             return 0, 0.0
@@ -123,12 +126,13 @@ def status(port: int) -> dict:
 def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict, count: int, procs: int,
                extra: tuple[str, ...] = (), settle: float = 0.0) -> dict:
     """Enqueue `count` jobs, then start the worker (so a rate limit is not spent on enqueueing while it
-    runs), wait until they finish, stop it; figures from the server."""
+    runs), wait until they finish, stop it; figures from the server (this batch's jobs only)."""
+    since = time.time()
     server.enqueue(queue, payload, count)
     if settle:
         time.sleep(settle)  # let the organization's token bucket refill after the enqueue
     before = server_stats(server)
-    db = Db(server.db)
+    db = Db(server.db, since)
     port = free_port()
     if kind == "sdk":
         worker = SdkWorker(server, queue, procs, 0.005).start()
@@ -212,6 +216,8 @@ def grpc_available() -> bool:
 def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
     """The runners of a latency row: ours, ours with --prefetch 0, ours over gRPC, the SDK worker."""
     rows = [("ours", ()), ("prefetch0", ("--prefetch", "0"))]
+    if args.history:
+        rows.append(("history", ()))
     if BASELINE:
         rows.append(("baseline", ()))
     if server.grpc:
@@ -219,6 +225,20 @@ def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
     if not args.no_sdk:
         rows.append(("sdk", ()))
     return rows
+
+
+def warm_up(server: DevServer, tmp: str, queue: str, payload: dict) -> None:
+    """Give `queue` the history of a queue in use: HISTORY_MIN_JOBS jobs like the row's, completed by another
+    daemon (--until-empty), so the queue's statistics say its jobs are short, as they do when a daemon
+    restarts on a queue that has been running."""
+    server.enqueue(queue, payload, HISTORY_MIN_JOBS)
+    warm = Daemon(server, tmp, queue, CORES, 0.1, extra=("--until-empty",), worker_id=f"warm-{queue}").start()
+    deadline = time.monotonic() + 60
+    while warm.alive():
+        if time.monotonic() > deadline:
+            warm.stop()
+            raise TimeoutError(f"{queue}: the warm-up daemon did not finish within 60 s")
+        time.sleep(0.1)
 
 
 def server_flags(*flags: str) -> tuple[str, ...]:
@@ -241,6 +261,8 @@ def latency_section(args, tmp: str) -> list[dict]:
                     log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}")
                     trace = os.path.join(tmp, f"trace-{queue}.txt")
                     payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
+                    if kind == "history":
+                        warm_up(server, tmp, queue, payload)
                     r = run_worker(kind, server, tmp, queue, {**payload, "trace": trace}, count, CORES, extra)
                     r.update({"api_delay_ms": delay, "job_ms": ms, "efficiency": round(r["jobs_per_s"] / ideal, 4),
                               "steady_efficiency": round(r["steady_jobs_per_s"] / ideal, 4),
@@ -257,20 +279,31 @@ def latency_section(args, tmp: str) -> list[dict]:
     return rows
 
 
+NOOP_REPEATS = 3  # the daemon's own no-op row runs this many times: its figure is their median
+
+
 def noop_section(args, tmp: str) -> list[dict]:
-    """No-op jobs on loopback: the parent's CPU per job is the figure (target: <= 200 us)."""
+    """No-op jobs on loopback: the parent's CPU per job is the figure (target: <= 150 us, the median of
+    NOOP_REPEATS runs of this daemon; the other runners once each)."""
     server = DevServer(tmp, server_flags(), name="noop").start()
     rows = []
     try:
         for kind, extra in workers(server, args):
-            if kind == "sdk":
+            if kind in ("sdk", "history"):
                 continue
-            log(f"no-op jobs x {args.noop_jobs}: {kind}")
-            r = run_worker(kind, server, tmp, f"noop-{kind}", {}, args.noop_jobs, CORES, extra)
-            rows.append(r)
+            for run in range(1, (NOOP_REPEATS if kind == "ours" else 1) + 1):
+                log(f"no-op jobs x {args.noop_jobs}: {kind} (run {run})")
+                r = run_worker(kind, server, tmp, f"noop-{kind}-{run}", {}, args.noop_jobs, CORES, extra)
+                rows.append({**r, "run": run})
     finally:
         server.stop()
     return rows
+
+
+def noop_median(rows: list[dict], kind: str = "ours") -> float | None:
+    """The median parent CPU per no-op job (us) of `kind`'s runs."""
+    values = sorted(r["parent_cpu_us_per_job"] for r in rows if r["worker"] == kind)
+    return values[len(values) // 2] if values else None
 
 
 def fleet_section(args, tmp: str) -> dict:
@@ -280,12 +313,12 @@ def fleet_section(args, tmp: str) -> dict:
     try:
         queue = "fleet"
         count = args.fleet_jobs
+        for i in range(2):  # both up and idle first, as a fleet in service is, then the jobs arrive
+            daemons.append(Daemon(server, tmp, queue, per, 0.1, worker_id=f"fleet-{i}").launch())
+        for d in daemons:
+            d.wait_ready()
         ids = server.enqueue(queue, {"sleep_s": secs}, count)
         db = Db(server.db)
-        for i in range(2):
-            daemons.append(Daemon(server, tmp, queue, per, 0.1, worker_id=f"fleet-{i}"))
-        for d in daemons:
-            d.start()
         wait_done(db, queue, len(ids), 120 + count * secs, lambda: all(d.alive() for d in daemons))
         done, span = db.span(queue)
         split = db.by_worker(queue)
@@ -336,9 +369,10 @@ def table(result: dict) -> str:
                        f"{r['efficiency']:>6} {r.get('pool_efficiency', '-'):>8} {r.get('over_pool', '-'):>7} "
                        f"{r.get('steady_efficiency', '-'):>6} {rw:>20} {gw:>20}")
     if result.get("noop"):
-        out.append("No-op jobs (parent CPU per job, idle included):")
+        out.append(f"No-op jobs (parent CPU per job, idle included; ours: median of its runs "
+                   f"{noop_median(result['noop'])} us):")
         for r in result["noop"]:
-            out.append(f"  {r['worker']:>10}: {r['parent_cpu_us_per_job']} us/job, "
+            out.append(f"  {r['worker']:>10} run {r.get('run', 1)}: {r['parent_cpu_us_per_job']} us/job, "
                        f"{r['requests_per_job']} REST requests/job")
     if result.get("fleet"):
         f = result["fleet"]
@@ -370,6 +404,9 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fleet-jobs", type=int, help="jobs in the fleet run (default 24, quick 12)")
     ap.add_argument("--noop-jobs", type=int, help="jobs per no-op row (default 3000, quick 600)")
     ap.add_argument("--no-sdk", action="store_true", help="skip the SDK worker rows")
+    ap.add_argument("--history", action="store_true", help="add a `history` latency row: the daemon on a queue whose "
+                    "statistics already say its jobs are short (a warm-up daemon completes 20 of them first), as "
+                    "when a daemon restarts on a queue in use; its first claim reaches ahead")
     ap.add_argument("--sleep", action="store_true", help="latency rows sleep d ms instead of burning CPU (a loaded "
                     "machine then measures the pipeline, not the cores)")
     ap.add_argument("--json", help="also write the JSON here")

@@ -256,7 +256,7 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--daemons", type=int, default=16)
     ap.add_argument("--procs", type=int, default=4)
@@ -269,7 +269,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rate-limit", type=float, default=None, help="the dev server's requests/s per organization")
     ap.add_argument("--wake", default="events", help="comma-separated modes to run: events, poll")
     ap.add_argument("--json", default="", help="also write the JSON here")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
     out = {"machine": machine(), "command": " ".join(["python", "benchmarks/fleet.py", *(argv or sys.argv[1:])]),
            "modes": []}
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:

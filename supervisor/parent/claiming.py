@@ -81,6 +81,7 @@ class Claiming:
         self.reserve_waits: list[float] = []  # seconds jobs waited claimed-but-not-started, last 1000
         self.listening = False  # the events stream is live: empty queues are polled slowly
         self.starting = True  # reserved jobs go to idle children; False once stop_starting()
+        self.histories_asked = False  # the queues' statistics were asked for (once, before the first claim)
 
     # ------------------------------------------------------------ reading
     def drained(self) -> bool:
@@ -246,7 +247,11 @@ class Claiming:
     def maybe_claim(self, now: float, idle: int, procs: int, may_claim: bool, budget_ok: bool = True,
                     rate: float | None = None) -> None:
         """Claim for the children that are idle or soon will be (intake.claim_size), from the first queue
-        not backing off; one claim on the wire at a time, none while a back-off or the budget holds."""
+        not backing off; one claim on the wire at a time, none while a back-off or the budget holds.
+        Before the first claim (from the first turn, while registering), each queue's statistics are asked
+        for once, unless requests are scarce (--prefetch 0, a request budget)."""
+        if not self.histories_asked:
+            self.ask_histories(now, rate)
         if not may_claim or not budget_ok or self.claim.busy or now < self.claim_not_before:
             return
         intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
@@ -259,17 +264,28 @@ class Claiming:
         call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, self.claim.followup(partial(self.on_claim, intake, size, now), self.recover_claim),
                     first=True)
-        if self.cfg.prefetch != 0 and not rate and intake.run_time.value is None and intake.ask_history():
-            self.submit(self.api.queue_stats_call(intake.name), Followup(partial(self.on_history, intake),
-                                                                         lambda now: None))
 
-    def on_history(self, intake: QueueIntake, stats: Any, error: api.ApiError | None, now: float) -> None:
-        """A queue's statistics (asked with its first claim while no run time is known, unless requests
-        are scarce: --prefetch 0, a request budget): when they say its jobs are short, their mean seeds
-        the run time, so the next claims reach ahead (claim_size) before any job of this daemon ends."""
+    def ask_histories(self, now: float, rate: float | None) -> None:
+        """Ask for the statistics of every queue with no run time yet (once), unless requests are scarce."""
+        self.histories_asked = True
+        if self.cfg.prefetch == 0 or rate:
+            return
+        for intake in self.queues.values():
+            if intake.run_time.value is None:
+                self.submit(self.api.queue_stats_call(intake.name),
+                            Followup(partial(self.on_history, intake, now), lambda now: None))
+
+    def on_history(self, intake: QueueIntake, sent_at: float, stats: Any, error: api.ApiError | None,
+                   now: float) -> None:
+        """A queue's statistics: when they say its jobs are short, their mean seeds the run time, and the
+        answer's round trip the claim round trip while none is measured, so the first claim already
+        reaches ahead (claim_size: the children's first jobs, the ones they hold next, and a batch)
+        instead of claiming only for the idle children and reaching ahead after the first job ends."""
         seed = history_run_time(stats) if error is None else None
         if seed is not None:
             intake.run_time.seed(seed)
+            if self.claim_rtt.value is None:
+                self.claim_rtt.add(now - sent_at)
             log_event(log, DEBUG, "run time seeded from the queue's statistics", queue=intake.name,
                       run_time=round(seed, 4))
 

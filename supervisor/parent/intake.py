@@ -192,14 +192,8 @@ class QueueIntake:
         self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
         self.empty_claims = 0  # claims in a row that found fewer jobs than asked
         self.run_time = Ewma()  # how long its jobs run (s)
-        self.history_asked = False  # its statistics were asked for (once: they may seed `run_time`)
         self.hinted_at = -math.inf  # when the events stream last announced a job here
         self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
-
-    def ask_history(self) -> bool:
-        """True the first time only: its statistics are asked for once."""
-        asked, self.history_asked = self.history_asked, True
-        return not asked
 
     def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
                  sent_at: float = -math.inf) -> None:

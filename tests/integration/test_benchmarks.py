@@ -24,7 +24,7 @@ def test_benchmark_script_tiny_run(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--ms", "5,20", "--seconds", "0.25",
            "--noop-jobs", "100", "--latency-samples", "3", "--scaling", "1,2", "--idle-seconds", "0.2",
-           "--json", str(out), "--no-markdown", "--no-api"]
+           "--json", str(out), "--no-markdown", "--no-api", "--no-fleet"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
@@ -62,12 +62,13 @@ def test_api_benchmark_tiny_run(tmp_path):
     out = tmp_path / "api.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api.py"), "--quick", "--delays", "20", "--ms", "20",
            "--rates", "25", "--seconds", "0.3", "--noop-jobs", "100", "--fleet-jobs", "4", "--budget-seconds", "2",
-           "--no-sdk", "--json", str(out)]
+           "--no-sdk", "--history", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     rows = {row["worker"]: row for row in r["latency"]}
-    assert {"ours", "prefetch0"} <= set(rows)
+    assert {"ours", "prefetch0", "history"} <= set(rows)  # history's warm-up jobs are not counted in its row
+    assert [row["run"] for row in r["noop"] if row["worker"] == "ours"] == [1, 2, 3]
     for row in r["latency"] + r["noop"] + r["budget"]:
         assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
     assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]

@@ -14,6 +14,7 @@ from support.parent_fakes import Hooks, Submit, body, error, fake_child, make_ap
 from supervisor import exitcodes
 from supervisor.client import rest as api
 from supervisor.parent.facts import ChildLost, Fatal, JobDone, StopJob
+from supervisor.parent.intake import HISTORY_MIN_JOBS
 
 T0 = 100.0
 
@@ -641,3 +642,46 @@ def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
     assert list(counts) == ["hi", "lo"]
     assert counts["hi"] == {"inflight": 1, "reserved": 0, "empty": False}
     assert counts["lo"] == {"inflight": 1, "reserved": 1, "empty": False}
+
+
+# ------------------------------------------------------------------ a queue's history, before the first claim
+
+def short_history(mean_ms: float = 20.0) -> dict:
+    return {"completed_jobs_24h": HISTORY_MIN_JOBS, "avg_processing_time_ms": mean_ms}
+
+
+def test_a_queues_statistics_are_asked_on_the_first_turn_before_the_daemon_may_claim():
+    rig = Rig(prefetch=None)
+    rig.maybe_claim(T0, 2, may_claim=False)  # registering: no claim yet
+    _, followup, _ = rig.submit.take("queue_stats")
+    assert rig.submit.routes() == []
+    rig.maybe_claim(T0 + 0.01, 2, may_claim=False)
+    assert rig.submit.routes() == []  # asked once
+    assert followup.answer(short_history(), None, T0 + 0.05) is None
+    assert rig.intake.run_time.value == pytest.approx(0.02) and rig.flow.claiming.claim_rtt.value == pytest.approx(0.05)
+
+
+def test_with_a_short_history_the_first_claim_reaches_past_the_idle_children():
+    rig = Rig(prefetch=None)
+    rig.maybe_claim(T0, 2, may_claim=False)
+    rig.submit.take("queue_stats")[1].answer(short_history(), None, T0 + 0.05)
+    rig.maybe_claim(T0 + 0.1, 2)
+    call, _, _ = rig.submit.take("claim")
+    assert body(call)["limit"] > 2  # the first jobs, the next ones the children hold, and a batch
+
+
+@pytest.mark.parametrize("stats", [{"completed_jobs_24h": 0, "avg_processing_time_ms": None}, short_history(5000.0)])
+def test_without_a_short_history_the_first_claim_is_for_the_idle_children_only(stats):
+    rig = Rig(prefetch=None)
+    rig.maybe_claim(T0, 2, may_claim=False)
+    rig.submit.take("queue_stats")[1].answer(stats, None, T0 + 0.05)
+    assert rig.intake.run_time.value is None and rig.flow.claiming.claim_rtt.value is None
+    rig.maybe_claim(T0 + 0.1, 2)
+    assert body(rig.submit.take("claim")[0])["limit"] == 2
+
+
+@pytest.mark.parametrize("cfg, rate", [({"prefetch": 0}, None), ({"prefetch": None}, 5.0)])
+def test_scarce_requests_ask_no_statistics(cfg, rate):
+    rig = Rig(**cfg)
+    rig.maybe_claim(T0, 2, rate=rate)
+    assert rig.submit.routes() == ["claim"]
