@@ -141,6 +141,8 @@ class Arbiter:
         self._ps_self = psutil.Process()
         self.next_publish_at = 0.0
         self.published_phase = self.phase  # the phase in the published snapshot
+        self.publish_stale = False  # a turn since the last publish: publish again by next_publish_at
+        self.publish_at_turn_end = False  # a child died: publish at the end of this turn
         self.published: Published  # the frozen snapshot the health server's thread reads (set by publish)
         self.publish(self.loop_at)
 
@@ -220,8 +222,7 @@ class Arbiter:
         self.check_reload(now)
         self.check_drain(now)
         self.update_title(now)
-        if now >= self.next_publish_at or self.phase is not self.published_phase:
-            self.publish(now)
+        self.publish_if_due(now)
         self.hooks.tick(now)
 
     def on_event(self, data: tuple, mask: int) -> None:
@@ -255,6 +256,8 @@ class Arbiter:
             times.append(self.next_title_at)
         if self.http.has_answers():
             times.append(now)
+        if self.publish_stale:
+            times.append(self.next_publish_at)
         return min(t for t in times if t is not None)
 
     def _drain_wake(self) -> None:
@@ -350,6 +353,8 @@ class Arbiter:
                           fact=repr(fact)[:300])
 
     def reap(self, child: Child, now: float) -> None:
+        """A child's sentinel fired: the pool reaps it (its job fails); /status shows it at the end of this turn."""
+        self.publish_at_turn_end = True
         try:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:
@@ -597,6 +602,7 @@ class Arbiter:
         server's thread (/status, /healthz) and the gauges: every PUBLISH_EVERY seconds of turns, and at once
         when the phase changes. Its ages are computed when it is read (`snapshot`)."""
         self.next_publish_at = now + PUBLISH_EVERY
+        self.publish_stale = self.publish_at_turn_end = False
         pool, members, inflight = self.pool.stats(), self.membership.stats(), self.inflight.stats()
         claiming, settled, pacer = self.claiming.stats(), self.settling.stats()["jobs_settled"], self.pacer.stats()
         rows = pool["children"]
@@ -619,6 +625,14 @@ class Arbiter:
         self.published = Published(MappingProxyType(fields), children, self.loop_at, self.started_at,
                                    members["api_ok_at"], self.children_up_at)
         self.published_phase = self.phase
+
+    def publish_if_due(self, now: float) -> None:
+        """At a turn's end: publish if PUBLISH_EVERY has passed, a child died or the phase changed; else leave
+        it for the wake-up at `next_publish_at` (next_wakeup), so what this turn changed shows within it."""
+        if now >= self.next_publish_at or self.publish_at_turn_end or self.phase is not self.published_phase:
+            self.publish(now)
+        else:
+            self.publish_stale = True
 
     def snapshot(self) -> dict:
         """/status's document from the snapshot the loop last published, its ages as of now (called from the

@@ -79,3 +79,27 @@ def test_reading_the_snapshot_touches_no_part(rig, monkeypatch):
     snap = rig.arb.snapshot()
     assert snap["registered"] and snap["phase"] == "running"
     assert snap["loop_age_secs"] >= round(before - rig.arb.loop_at, 3)
+
+
+def test_what_a_turn_changed_is_published_within_publish_every(rig):
+    rig.start()
+    rig.arb.publish(T0)
+    rig.arb.publish_if_due(T0 + 0.01)  # a turn's end, too soon after the last publish
+    assert rig.arb.publish_stale and rig.arb.next_wakeup(T0 + 0.01) <= T0 + PUBLISH_EVERY  # the loop wakes for it
+    rig.arb.pool.resize(+1)
+    rig.arb.publish_if_due(T0 + PUBLISH_EVERY)
+    assert rig.arb.snapshot()["procs"] == 3 and not rig.arb.publish_stale
+    rig.arb.publish_if_due(T0 + PUBLISH_EVERY + 0.5)  # an idle turn a while later publishes too, and then nothing is
+    assert not rig.arb.publish_stale                   # left to wake for
+
+
+def test_a_dead_child_shows_at_the_end_of_the_turn_that_reaped_it(rig):
+    rig.running()
+    rig.hold_job("a")
+    rig.arb.publish(T0)
+    child = rig.child_of("a")
+    child.proc.exitcode = -9
+    rig.arb.reap(child, T0 + 0.01)
+    rig.arb.publish_if_due(T0 + 0.01)
+    snap = rig.arb.snapshot()
+    assert snap["inflight"] == 1 and all(c["job_id"] != "a" for c in snap["children"])
