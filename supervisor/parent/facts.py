@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor.client.rest import ApiError
 
@@ -168,11 +168,10 @@ Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | 
         | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
 
 
-@dataclass(frozen=True)
-class Followup:
-    """What an API call does with its answer. `answer(result, error, now)` returns facts; if it
-    raises (a bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the
-    call held, so nothing waits on it for ever."""
+class Followup(NamedTuple):
+    """What an API call does with its answer. `answer(result, error, now)` returns facts; if it raises (a
+    bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the call held, so
+    nothing waits on it for ever. A named tuple: one is made for every call, and a tuple is cheap to make."""
 
     answer: Callable[[Any, ApiError | None, float], Sequence[Fact] | None]
     recover: Callable[[float], Sequence[Fact] | None]

@@ -27,6 +27,7 @@ from supervisor.parent.facts import (
     ChildLost,
     Fact,
     Fatal,
+    Followup,
     JobDone,
     QueueFreed,
     RecallJob,
@@ -113,9 +114,12 @@ class Settling:
             call = self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         else:
             call = self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
-        self.submit(call, entry.report.followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
+        # entry.report's turn is given back by the table (report_answered) on every path, recover_report's too
+        self.submit(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
 
     def on_report(self, entry: Entry, _result: Any, error: api.ApiError | None, now: float) -> list[Fact]:
+        """A report's answer: settled, refused (lease lost; a result the API refuses is failed instead), or
+        retried on a back-off."""
         if not self.inflight.holds(entry) or entry.outcome is None:
             return []  # settled or void meanwhile (lease lost, handed out again)
         self.inflight.report_answered(entry)
@@ -195,13 +199,14 @@ class Settling:
         for entry in self.inflight.renewals_due(now):
             self.inflight.begin_renewal(entry)
             call = self.api.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
-            self.submit(call, entry.renewal.followup(partial(self.on_renew, entry, now),
-                                                     partial(self.recover_renew, entry)))
+            # entry.renewal's turn is given back by the table (renewed, renewal_failed) on every path that keeps it
+            self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
         self.inflight.rescan()
         return facts
 
     def on_renew(self, entry: Entry, sent_at: float, _result: Any, error: api.ApiError | None,
                  now: float) -> list[Fact]:
+        """A renewal's answer: the lease runs from `sent_at` again, or is lost, or the renewal is retried."""
         if not self.inflight.holds(entry):
             return []
         if error is None:
