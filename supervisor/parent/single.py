@@ -4,6 +4,9 @@ A claim, a registration, a heartbeat, a worker-row check, one job's report and o
 each go out at most once at a time. `OneAtATime` is that rule for one kind: `start()` takes the turn,
 and the `Followup` it wraps (`followup`) gives the turn back before the answer (or, if handling the
 answer raised, the recovery) runs, so no bug in an answer can leave a kind of call blocked for ever.
+A job's report and renewal (one of each per job: the hot path) skip the wrapping: the in-flight table
+takes and gives back their turn (`begin_report` / `report_answered`, `begin_renewal` / `renewed` /
+`renewal_failed`) on every path of their answers and recoveries.
 """
 
 from __future__ import annotations
