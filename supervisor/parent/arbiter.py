@@ -26,13 +26,11 @@ from logging import INFO, WARNING
 from queue import SimpleQueue
 from types import FrameType, MappingProxyType
 
-import psutil
-
 from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
 from supervisor.client.transport import BuiltCall, Transport
 from supervisor.config import Config
-from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
+from supervisor.ops.budget import stop_budget
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.health import Published
 from supervisor.ops.logs import log_event
@@ -138,7 +136,6 @@ class Arbiter:
         self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
-        self._ps_self = psutil.Process()
         self.next_publish_at = 0.0
         self.published_phase = self.phase  # the phase in the published snapshot
         self.publish_stale = False  # a turn since the last publish: publish again by next_publish_at
@@ -526,18 +523,7 @@ class Arbiter:
         if self.exit_code is not None:
             return
         self.pool.shutdown()
-        if self.membership.registered and not self.membership.yielded:  # a newer daemon holds the row now
-            for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
-                try:
-                    self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))
-                    log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
-                    break
-                except api.Unavailable as exc:
-                    log_event(log, WARNING, "deregister failed", error=str(exc), attempt=attempt)
-                except Exception as exc:
-                    log_event(log, WARNING, "deregister refused", error=str(exc))
-                    break
-            self.membership.deregistered()
+        self.membership.deregister()
         self.phase = Phase.STOPPED
         self.exit_code = code
         self.publish(time.monotonic())
@@ -556,7 +542,7 @@ class Arbiter:
         """When one is due: the heartbeat, from the pool's, the table's and the memory's plain values."""
         if not self.membership.heartbeat_due(now):
             return
-        cpu, mem = self.tree_usage()
+        cpu, mem = self.pool.tree_usage()
         self.membership.send_heartbeat(now, current_jobs=len(self.inflight), status=self.worker_status(now),
                                        procs=self.pool.target, busy=self.pool.busy_count(),
                                        children=len(self.pool.children), cpu=cpu, mem=mem,
@@ -567,18 +553,6 @@ class Arbiter:
         if self.phase is Phase.DRAINING:
             return "draining"
         return "degraded" if self.pool.degraded(time.monotonic() if now is None else now) else "healthy"
-
-    def tree_usage(self) -> tuple[float, float]:
-        """CPU percent (of one core, summed) and memory percent of the parent and its children."""
-        cpu = mem = 0.0
-        procs = [self._ps_self] + [p for p in (c.ps() for c in list(self.pool.children.values())) if p is not None]
-        for proc in procs:
-            try:
-                cpu += proc.cpu_percent(None)
-                mem += proc.memory_percent()
-            except psutil.Error:
-                pass
-        return round(cpu, 1), round(mem, 2)
 
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:

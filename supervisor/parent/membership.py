@@ -28,6 +28,7 @@ from supervisor.backoff import backoff
 from supervisor.client import rest as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
+from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT
 from supervisor.ops.logs import log_event
 from supervisor.parent import identity
 from supervisor.parent.facts import DrainAsked, ExitNow, Fact, Fatal, Registered, Submit, TakenOver
@@ -135,7 +136,26 @@ class Membership:
         if not self.registered:
             self.register_at = now + 5.0
 
+    def deregister(self) -> None:
+        """Leave the worker row, which hands back to the queue any job this worker still holds; nothing to do
+        when never registered or when a newer daemon took the row over. It blocks, bounded: DEREGISTER_ATTEMPTS
+        tries of at most DEREGISTER_TIMEOUT each (supervisor.ops.budget), while nothing else is left to serve."""
+        if self.registered and not self.yielded:
+            timeout = min(self.cfg.api_timeout, DEREGISTER_TIMEOUT)
+            for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
+                try:
+                    self.api.deregister(self.cfg.worker_id, timeout=timeout)
+                    log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
+                    break
+                except api.Unavailable as exc:
+                    log_event(log, WARNING, "deregister failed", error=str(exc), attempt=attempt)
+                except Exception as exc:
+                    log_event(log, WARNING, "deregister refused", error=str(exc))
+                    break
+        self.deregistered()
+
     def deregistered(self) -> None:
+        """No longer registered, and no registration due."""
         self.registered = False
         self.register_at = None
 

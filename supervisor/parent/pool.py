@@ -15,6 +15,8 @@ from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
 from typing import Any
 
+import psutil
+
 from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
@@ -73,6 +75,7 @@ class ChildPool:
         self.changed = True  # something happened that converge must look at
         self.next_converge_at = 0.0
         self.next_memory_check = 0.0
+        self.ps_parent = psutil.Process()  # this process, for the heartbeat's CPU and memory of the tree
 
     # ------------------------------------------------------------ reading
     def idle_children(self) -> list[Child]:
@@ -98,6 +101,19 @@ class ChildPool:
         """Children are crash-looping: a boot failure lately, or 3 crashes within DEGRADED_FOR."""
         crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
         return bool(self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3
+
+    def tree_usage(self) -> tuple[float, float]:
+        """CPU percent (of one core, summed, since the last call) and memory percent of this process (the
+        parent) and its children, for the heartbeat."""
+        cpu = mem = 0.0
+        procs = [self.ps_parent] + [p for p in (c.ps() for c in list(self.children.values())) if p is not None]
+        for proc in procs:
+            try:
+                cpu += proc.cpu_percent(None)
+                mem += proc.memory_percent()
+            except psutil.Error:
+                pass
+        return round(cpu, 1), round(mem, 2)
 
     def stats(self) -> dict:
         """Plain data for the published snapshot: the pool's size, its OOM kills and one row per child."""

@@ -167,7 +167,7 @@ class FakeMemory:
 
 @dataclass
 class FakePs:
-    """What the arbiter's tree_usage asks psutil of a child (`Child.ps`)."""
+    """What the pool's tree_usage asks psutil of a child (`Child.ps`)."""
 
     rss: int = 10 * MiB
 
