@@ -53,7 +53,7 @@ class ConfigError(Exception):
 class Config:
     api_url: str
     api_key: Secret = field(repr=False)
-    queue: str  # queues[0], kept for code that serves one queue; "" until taken from the handler's SDK worker
+    queues: tuple[str, ...]  # in priority order; () until taken from the handler's SDK worker
     handler: str
     worker_id: str
     hostname: str
@@ -78,7 +78,6 @@ class Config:
     k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
-    queues: tuple[str, ...] = ()  # in priority order; () means (queue,)
     prefetch: int | None = None  # jobs claimed ahead; None = auto
     max_rps: float | None = None  # API requests per second cap; None = off
     transport: str = "rest"  # "rest" or "grpc"
@@ -88,9 +87,10 @@ class Config:
     queue_source: str = ""  # where the queue came from when --queue was not given (the handler's SDK worker)
     share_api_key: bool = False  # children get SPOOLED_API_KEY and SPOOLED_API_URL
 
-    def __post_init__(self) -> None:
-        if not self.queues and self.queue:
-            object.__setattr__(self, "queues", (self.queue,))
+    @property
+    def first_queue(self) -> str:
+        """The highest-priority queue (registration names one; the others travel beside it); "" until known."""
+        return self.queues[0] if self.queues else ""
 
 
 def clean_worker_id(raw: str) -> str:
@@ -521,7 +521,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
     queues = values["queue"] or ()  # none: the handler's SDK worker must name it (see commands/run.py)
     return Config(
-        api_url=values["api_url"], api_key=key, queue=queues[0] if queues else "", handler=values["handler"],
+        api_url=values["api_url"], api_key=key, queues=tuple(queues), handler=values["handler"],
         worker_id=worker_id,
         hostname=host_clean[:255], procs=procs, lease=values["lease"], drain_timeout=float(values["drain_timeout"]),
         poll_interval=float(values["poll_interval"]), max_jobs_per_child=values["max_jobs_per_child"],
@@ -530,7 +530,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
         health_host=values["health_host"], health_port=values["health_port"],
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
-        log_level=values["log_level"], queues=queues, prefetch=values["prefetch"], max_rps=values["max_rps"],
+        log_level=values["log_level"], prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
         preload=values["preload"], memory_high=high, memory_max=top,

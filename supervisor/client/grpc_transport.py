@@ -3,7 +3,7 @@
 `GrpcAPI` builds calls with the same methods and arguments as `SpooledAPI` (`register_call`,
 `heartbeat_call`, `claim_call`, `complete_call`, `fail_call`, `renew_lease_call`, blocking
 `deregister`); `LoopGrpc` runs them with the same interface as `LoopHTTP` (`submit`, `done`,
-`expire`, `next_deadline`, `on_ready`, `close`, `results`) and answers with the same results and
+`expire`, `next_deadline`, `on_ready`, `close`, `has_answers`) and answers with the same results and
 typed errors (`supervisor.client.calls`), so the parent stays transport-agnostic.
 
 Design, for the parent's single select() loop:
@@ -63,8 +63,10 @@ from supervisor.client.calls import (
     Unauthorized,
     Unavailable,
 )
+from supervisor.client.events import Resolver
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import SpooledAPI
+from supervisor.client.transport import EventsSource, LoopTransport
 
 INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -271,6 +273,13 @@ class GrpcAPI:
         REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready). gRPC
         multiplexes every call on one channel, so `max_connections` does not apply."""
         return LoopGrpc(self, sel, wake_fd, mode=mode)
+
+    def events_source(self, loop: LoopTransport, wake_fd: int) -> EventsSource | None:
+        """gRPC has no events stream: listen over the REST API beside it (`self.rest`, from --api-url), whose
+        addresses a `Resolver` looks up on a helper thread; None without one."""
+        if self.rest is None:
+            return None
+        return EventsSource(self.rest, Resolver(self.rest.host, self.rest.port, wake_fd))
 
     def close(self) -> None:
         with self._lock:
@@ -533,6 +542,9 @@ class LoopGrpc:
                 self.results.append((tag, result, error))
         out, self.results = self.results, []
         return out
+
+    def has_answers(self) -> bool:
+        return bool(self.results) or (self.rest is not None and self.rest.has_answers())
 
     def next_deadline(self) -> float | None:
         times = [item.deadline for item in self.waiting]

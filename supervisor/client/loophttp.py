@@ -83,6 +83,9 @@ class LoopHTTP:
             self.queue.append(item)
         self.pump(now)
 
+    def has_answers(self) -> bool:
+        return bool(self.results)
+
     def done(self) -> list[tuple]:
         out, self.results = self.results, []
         return out

@@ -53,6 +53,7 @@ from supervisor.client.calls import (
 )
 from supervisor.client.httpconn import Response
 from supervisor.client.loophttp import LoopHTTP
+from supervisor.client.transport import EventsSource, LoopTransport
 
 USER_AGENT = f"spooled-supervisor/{__version__}"
 
@@ -113,6 +114,10 @@ class SpooledAPI:
     def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4) -> LoopHTTP:
         """The parent loop's transport for these calls (see supervisor.client.transport)."""
         return LoopHTTP(self, sel, wake_fd, max_connections=max_connections)
+
+    def events_source(self, loop: LoopTransport, wake_fd: int) -> EventsSource:
+        """The events stream of this API itself, at the addresses its loop client (`loop`) resolved."""
+        return EventsSource(self, lambda: loop.addrs if isinstance(loop, LoopHTTP) else None)
 
     def close(self) -> None:
         """Close the blocking path's kept-alive connections."""

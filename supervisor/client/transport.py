@@ -15,16 +15,29 @@ supervisor.client.calls, whichever transport carried them.
 from __future__ import annotations
 
 import selectors
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 # A call built by a Transport (a calls.Call for REST, a GrpcCall for gRPC): hand it to that transport's loop.
 BuiltCall = Any
 
 
+@dataclass(frozen=True)
+class EventsSource:
+    """Where the parent listens for new jobs: `api` (a `SpooledAPI`) serves the events stream, at the addresses
+    `addresses()` answers (None until they are known; never looked up on the loop)."""
+
+    api: Any
+    addresses: Callable[[], list | None]
+
+
 class LoopTransport(Protocol):
     """Sends built calls from the parent's loop without blocking it; only the loop thread calls it."""
 
-    results: list[tuple]  # answers not yet taken by done(): the loop must not sleep while there are any
+    def has_answers(self) -> bool:
+        """Answers wait to be taken by done(): the loop must not sleep while they do."""
+        ...
 
     def submit(self, tag: Any, call: BuiltCall, first: bool = False) -> None:
         """Send `call` (ahead of the others waiting with `first`); its answer comes back with `tag`."""
@@ -73,6 +86,11 @@ class Transport(Protocol):
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> BuiltCall: ...
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> BuiltCall: ...
+
+    def events_source(self, loop: LoopTransport, wake_fd: int) -> EventsSource | None:
+        """Where to listen for new jobs while the loop runs `loop` (this transport's loop client); None: no REST
+        API to listen to. `wake_fd` is written when addresses looked up on a helper thread are known."""
+        ...
 
     def deregister(self, worker_id: str, timeout: float | None = None) -> None:
         """Blocking; with `timeout`, over within it. Raises the typed ApiError. Safe to repeat."""

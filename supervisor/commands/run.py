@@ -152,7 +152,7 @@ def take_queue_from_handler(cfg: Config) -> Config:
         parse_queues(queue)
     except ValueError as exc:
         raise ConfigError(f"the queue_name of {cfg.handler}'s worker {exc}, got {queue!r}") from None
-    return dataclasses.replace(cfg, queue=queue, queues=(queue,), queue_source=cfg.handler)
+    return dataclasses.replace(cfg, queues=(queue,), queue_source=cfg.handler)
 
 
 def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:

@@ -8,9 +8,11 @@ POST /drain (from loopback only: the port is often bound to every address in a p
 to drain and hand its reserve back; `python -m supervisor drain` sends it.
 
 Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
-metrics) on that thread, so the daemon's snapshot must only read state that is safe to read from
-another thread, and must not wait on a lock the loop may hold while stuck: /healthz exists to
-notice a stuck loop. A failing snapshot gives a 500 JSON answer; the server keeps running.
+metrics) on that thread. The daemon's loop publishes a frozen `Published` snapshot (at most every
+100 ms, and at once when its phase changes); `snapshot()` reads the last one and computes its ages at
+read time from the monotonic stamps it carries, so a stuck loop shows ever older ages and nothing here
+touches the loop's parts or waits on a lock the loop may hold: /healthz exists to notice a stuck loop.
+A failing snapshot gives a 500 JSON answer; the server keeps running.
 """
 
 from __future__ import annotations
@@ -20,14 +22,45 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 
 log = logging.getLogger(__name__)
 
-Snapshot = Callable[[], dict]
+Snapshot = Callable[[], dict]  # /status's document, as `Published.status` makes it
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the daemon's loop published for /status, /healthz and the gauges: plain data built by the loop
+    (never changed after), and the monotonic stamps the ages are computed from at read time.
+
+    `fields` holds /status's keys in order (the ages as placeholders); `children` each child's row (its
+    `job_runtime_secs` a placeholder) with when its job started (None: no job running)."""
+
+    fields: Mapping[str, object]
+    children: tuple[tuple[Mapping[str, object], float | None], ...]
+    loop_at: float  # when the loop last turned
+    started_at: float  # when the daemon started
+    api_ok_at: float | None  # when the API last answered (None: never yet)
+    children_up_at: float  # when a child was last up (idle or busy)
+
+    def status(self, now: float) -> dict:
+        """/status's document at `now` (time.monotonic()): the published data with its ages."""
+        out = dict(self.fields)
+        api_ok_at = self.api_ok_at
+        out["loop_age_secs"] = round(now - self.loop_at, 3)
+        out["api_age_secs"] = None if api_ok_at is None else round(now - api_ok_at, 3)
+        out["api_silence_secs"] = round(now - (self.started_at if api_ok_at is None else api_ok_at), 3)
+        out["children_down_secs"] = round(now - self.children_up_at, 3)
+        rows = []
+        for row, job_started_at in self.children:
+            rows.append({**row, "job_runtime_secs": None if job_started_at is None else round(now - job_started_at, 3)})
+        out["children"] = rows
+        return out
 ROUTES = ["/healthz", "/readyz", "/metrics", "/status", "POST /drain"]
 
 

@@ -48,8 +48,8 @@ class DaemonHooks(NullHooks):
             self.annotator.stop()
 
     # -- arbiter events --
-    def job_finished(self, queue, outcome, duration):
-        self.metrics.job_finished(queue, outcome, duration)
+    def job_settled(self, queue, outcome, duration):
+        self.metrics.job_settled(queue, outcome, duration)
 
     def child_restarted(self, reason):
         self.metrics.child_restarts.inc(reason=reason)

@@ -275,8 +275,8 @@ class DaemonMetrics:
         for outcome in JOB_OUTCOMES:
             self.jobs.touch(queue=queue, outcome=outcome)
 
-    def job_finished(self, queue: str, outcome: str, duration_secs: float | None) -> None:
-        """One job left a child: count its outcome and, when known, its run time."""
+    def job_settled(self, queue: str, outcome: str, duration_secs: float | None) -> None:
+        """One job settled: count its outcome and, when known, its run time."""
         if outcome not in JOB_OUTCOMES:
             raise ValueError(f"unknown job outcome {outcome!r}")
         self.jobs.inc_key((queue, outcome))  # label order as declared: queue, outcome

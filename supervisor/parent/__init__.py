@@ -1,1 +1,1 @@
-"""The parent process: the arbiter loop and the parts it routes between (pool, jobs, membership)."""
+"""The parent process: the arbiter loop and the parts it routes between (pool, claiming, settling, membership)."""

@@ -1,14 +1,15 @@
-"""The parent process: one loop that routes between the child pool, the job flow and membership.
+"""The parent process: one loop that routes between the child pool, the job's parts (claiming, settling,
+the in-flight table) and membership.
 
 Signal handlers only record the signal, and the health port's thread records a drain request the
 same way. Each turn the loop waits (select) on the children's sockets and sentinels, the API
 connections and one wake-up pipe (written by signal handlers, drain requests and the
 name-resolving helper thread) for at most the earliest deadline any part offers, then in
 order: reads children, reaps the dead, acts on signals, takes API answers, enforces deadlines
-(job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands waiting jobs
+(job timeouts, kills, lease renewals, memory, heartbeat), converges the pool, hands reserved jobs
 to idle children, claims for the idle ones left, and checks the drain.
 
-The arbiter owns the lifecycle (`Phase`) and sets the exit code in one place (`finish`). The parts
+The arbiter owns the lifecycle (`Phase`) and sets the exit code in one place (`exit_with`). The parts
 never call each other: their methods return facts (supervisor.parent.facts) that `route` hands on.
 """
 
@@ -20,20 +21,23 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from queue import SimpleQueue
-
-import psutil
+from types import FrameType, MappingProxyType
 
 from supervisor import __version__, exitcodes
 from supervisor.client import rest as api
-from supervisor.client.transport import Transport
+from supervisor.client.transport import BuiltCall, Transport
 from supervisor.config import Config
-from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT, stop_budget
+from supervisor.ops.budget import stop_budget
 from supervisor.ops.cgroup import MemorySource
+from supervisor.ops.health import Published
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
+from supervisor.parent.childproc import Child
+from supervisor.parent.claiming import Claiming
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,
@@ -43,26 +47,32 @@ from supervisor.parent.facts import (
     Fatal,
     Followup,
     HandBack,
-    Heard,
     JobDone,
+    JobReissued,
     JobReturned,
     JobStarted,
+    Listening,
+    QueueFreed,
     RecallJob,
     Registered,
+    RetryDue,
     ShedJob,
     StopJob,
     TakenOver,
+    WorkCreated,
 )
-from supervisor.parent.jobs import JobFlow
+from supervisor.parent.inflight import InFlight
 from supervisor.parent.membership import Membership
 from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
+from supervisor.parent.settling import Settling
 from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
 
 TITLE_EVERY = 0.2
+PUBLISH_EVERY = 0.1  # seconds between two snapshots published for the health server's thread (and each phase change)
 PRESSURE_CHECK_EVERY = 1.0  # seconds between two readings of the memory the daemon has
 RELOAD_EXTEND = 30.0  # while a reload waits for busy children, systemd is asked for this much more, again and again
 MAX_CONNECTIONS = 64  # kept-alive API connections at most
@@ -71,11 +81,13 @@ LOOP_ERROR_PAUSE = 0.1  # seconds after a turn that raised, so a bug every turn 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD)
 
 
-def _number(value) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class Phase(enum.Enum):
+    """The daemon's stage; only the arbiter changes it (and publishes the change at once)."""
+
     STARTING = "starting"  # children coming up; not registered yet
     RUNNING = "running"  # registered (or re-registering); claiming
     DRAINING = "draining"  # a stop signal or a fatal error: no more claims, finishing what is held
@@ -83,13 +95,17 @@ class Phase(enum.Enum):
 
 
 class Arbiter:
+    """The parent's loop: waits on every part's sockets and deadlines, acts on signals, routes the facts the
+    parts return (`route`), owns the phase and sets the exit code in one place (`exit_with`). It wires the
+    parts and publishes their `stats()` as a frozen snapshot for the health server's thread."""
+
     def __init__(self, cfg: Config, client: Transport, hooks: NullHooks | None = None,
                  memory: MemorySource | None = None):
         self.cfg = cfg
         self.api = client
         self.hooks = hooks or NullHooks()
         self.phase = Phase.STARTING
-        self.exit_code: int | None = None  # set by finish() only
+        self.exit_code: int | None = None  # set by exit_with() only
         self.drain_code = exitcodes.OK  # the exit code once the drain ends
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent
@@ -113,12 +129,19 @@ class Arbiter:
         self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
         self.next_pressure_check = 0.0
         self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
-        self.jobs = JobFlow(cfg, client, self.submit, self.hooks)
+        self.inflight = InFlight(cfg.lease)  # every job this worker holds; Claiming fills it, Settling empties it
+        self.claiming = Claiming(cfg, client, self.submit, self.hooks, self.inflight)
+        self.settling = Settling(cfg, client, self.submit, self.hooks, self.inflight)
         self.membership = Membership(cfg, client, self.submit)
         self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
-        self._ps_self = psutil.Process()
+        self.next_publish_at = 0.0
+        self.published_phase = self.phase  # the phase in the published snapshot
+        self.publish_stale = False  # a turn since the last publish: publish again by next_publish_at
+        self.publish_at_turn_end = False  # a child died: publish at the end of this turn
+        self.published: Published  # the frozen snapshot the health server's thread reads (set by publish)
+        self.publish(self.loop_at)
 
     # ------------------------------------------------------------------ entry
     def run(self) -> int:
@@ -157,7 +180,7 @@ class Arbiter:
             self.http.close()
         return self.exit_code
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals.put_nowait(signum)
 
     def ask_drain(self) -> None:
@@ -179,11 +202,11 @@ class Arbiter:
         self.handle_signals(now)
         self.http.expire(now)
         self.take_answers(now)
-        self.hear(self.listener.turn(now, self.may_claim()), now)
+        self.route(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
-        self.route(self.jobs.enforce(now), now)
+        self.route(self.settling.enforce(now), now)
         self.route(self.pool.enforce(now), now)
         self.check_memory(now)
         self.send_heartbeat(now)
@@ -196,6 +219,7 @@ class Arbiter:
         self.check_reload(now)
         self.check_drain(now)
         self.update_title(now)
+        self.publish_if_due(now)
         self.hooks.tick(now)
 
     def on_event(self, data: tuple, mask: int) -> None:
@@ -214,20 +238,23 @@ class Arbiter:
         elif source == "http":
             self.http.on_ready(obj, mask, time.monotonic())
         elif source == "events":
-            self.hear(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
+            self.route(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
         idle = len(self.pool.idle_children())
         may_claim = self.may_claim()
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
-        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
+        times = [now + 1.0, self.pool.next_deadline(now), self.settling.next_deadline(),
+                 self.claiming.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
                  self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
-        if self.http.results:
+        if self.http.has_answers():
             times.append(now)
+        if self.publish_stale:
+            times.append(self.next_publish_at)
         return min(t for t in times if t is not None)
 
     def _drain_wake(self) -> None:
@@ -241,7 +268,7 @@ class Arbiter:
         """Send an API call within the request budget; its answer goes to `followup` (see take_answers)."""
         self.pacer.submit(call, followup, first, time.monotonic())
 
-    def _send(self, call, followup, first: bool) -> None:
+    def _send(self, call: BuiltCall, followup: Followup, first: bool) -> None:
         self.http.submit(followup, call, first)
 
     # ---------------------------------------------------------------- routing
@@ -259,53 +286,77 @@ class Arbiter:
                 facts = followup.recover(now)
             self.route(facts, now)
 
-    def route(self, facts: list[Fact], now: float) -> None:
-        """Hand each fact to the part that acts on it."""
+    def route(self, facts: Sequence[Fact] | None, now: float) -> None:
+        """Hand each fact to the part that acts on it, and route in turn whatever that part returns: the
+        job's facts here, the children's and memory's in `route_to_pool`, the lifecycle's in `route_lifecycle`."""
+        if not facts:
+            return
         for fact in facts:
-            if isinstance(fact, (JobDone, JobStarted, JobReturned, ChildLost)):
-                self.route(self.jobs.from_child(fact, now), now)
-            elif isinstance(fact, RecallJob):
+            match fact:
+                case JobDone():
+                    self.route(self.settling.job_done(fact, now), now)
+                case QueueFreed():
+                    self.claiming.gave_work(fact.queue, now, fact.duration)
+                case JobStarted():
+                    self.route(self.claiming.job_started(fact, now), now)
+                case JobReturned():
+                    self.claiming.job_returned(fact, now)
+                case ChildLost():
+                    self.settling.child_lost(fact, now)
+                case JobReissued():
+                    self.route(self.settling.lease_lost(fact.old, "the server handed this job out again under a new "
+                                                                  "lease", now), now)
+                case RetryDue():
+                    self.claiming.retry_due(fact.queue, fact.at)
+                case WorkCreated() | Listening():
+                    self.claiming.heard(fact, now)
+                case _:
+                    self.route_to_pool(fact, now)
+
+    def route_to_pool(self, fact: Fact, now: float) -> None:
+        """The facts that stop or recall a child's job (see `route`)."""
+        match fact:
+            case RecallJob():
                 self.pool.recall_job(fact.slot, fact.job_id)
-            elif isinstance(fact, StopJob):
+            case StopJob():
                 self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
-            elif isinstance(fact, ChildReady):
+            case HandBack():
+                self.settling.hand_back_reserved(fact.error, now)
+            case ShedJob():
+                self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+                self.settling.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
+            case _:
+                self.route_lifecycle(fact, now)
+
+    def route_lifecycle(self, fact: Fact, now: float) -> None:
+        """The facts that change the daemon's phase or membership (see `route`); any other is a bug, said loudly."""
+        match fact:
+            case ChildReady():
                 self.child_ready(fact, now)
-            elif isinstance(fact, Registered):
+            case Registered():
                 self.phase = Phase.RUNNING if self.phase is Phase.STARTING else self.phase
+                self.publish(now)
                 self.announce_ready_if_up()
-            elif isinstance(fact, Fatal):
+            case Fatal():
                 self.fatal(fact, now)
-            elif isinstance(fact, ExitNow):
-                self.finish(fact.code)
-            elif isinstance(fact, TakenOver):
+            case ExitNow():
+                self.exit_with(fact.code)
+            case TakenOver():
                 self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
-            elif isinstance(fact, DrainAsked):
+            case DrainAsked():
                 self.begin_drain(now, exitcodes.OK)
-            elif isinstance(fact, (HandBack, ShedJob)):
-                self.relieve_memory(fact, now)
+            case _:
+                log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
+                          fact=repr(fact)[:300])
 
-    def relieve_memory(self, fact: HandBack | ShedJob, now: float) -> None:
-        """Under memory pressure: hand the reserved jobs back, or stop a running one and fail its job."""
-        if isinstance(fact, HandBack):
-            self.jobs.hand_back_reserved(fact.error, now)
-        else:
-            self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
-            self.jobs.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
-
-    def hear(self, news: list[Heard | Fatal], now: float) -> None:
-        """Hand the events stream's news to the job flow (a refused key is fatal, as on any route)."""
-        for fact in news:
-            if isinstance(fact, Fatal):
-                self.fatal(fact, now)
-            else:
-                self.jobs.heard(fact, now)
-
-    def reap(self, child, now: float) -> None:
+    def reap(self, child: Child, now: float) -> None:
+        """A child's sentinel fired: the pool reaps it (its job fails); /status shows it at the end of this turn."""
+        self.publish_at_turn_end = True
         try:
             self.route(self.pool.reap(child, now), now)
         except HandlerImportFailed as exc:
             log_event(log, logging.ERROR, f"cannot import handler {self.cfg.handler}: {exc}")
-            self.finish(exitcodes.HANDLER_IMPORT)
+            self.exit_with(exitcodes.HANDLER_IMPORT)
 
     def child_ready(self, fact: ChildReady, now: float) -> None:
         if fact.first:
@@ -313,22 +364,22 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand waiting jobs to idle children (not under memory pressure), send the outcomes recorded this
+        """Hand reserved jobs to idle children (not under memory pressure), send the outcomes recorded this
         turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
         claims), then send busy children their next job ahead while running (never during a drain or
         under memory pressure, which asks the held ones back)."""
-        for child, entry in self.jobs.assignments([] if self.pressure.paused else self.pool.idle_children()):
+        for child, entry in self.claiming.assignments([] if self.pressure.paused else self.pool.idle_children()):
             if self.pool.give_job(child, entry.job):
-                self.jobs.started(entry, child, now)
-        self.jobs.send_reports()
-        self.jobs.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
+                self.claiming.started(entry, child, now)
+        self.settling.send_reports()
+        self.claiming.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
                               self.pacer.allows_claim(now), self.pacer.rate)
         if self.pressure.paused:
-            self.route(self.jobs.recall_held(), now)  # no child starts a job on its own under pressure
+            self.route(self.claiming.recall_held(), now)  # no child starts a job on its own under pressure
         elif self.phase is Phase.RUNNING:
-            for child, entry in self.jobs.holds(self.pool.holding_children(), now):
-                if self.pool.hold_job(child, entry.job, self.jobs.start_by(entry)):
-                    self.jobs.hold(entry, child)
+            for child, entry in self.claiming.holds(self.pool.holding_children(), now):
+                if self.pool.hold_job(child, entry.job, self.claiming.start_by(entry)):
+                    self.claiming.hold(entry, child)
 
     def may_claim(self) -> bool:
         return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
@@ -340,13 +391,13 @@ class Arbiter:
         self.next_pressure_check = now + PRESSURE_CHECK_EVERY
         running = []
         for child in list(self.pool.children.values()):
-            entry = self.jobs.inflight.get(child.job_id) if child.busy else None
+            entry = self.inflight.get(child.job_id) if child.busy else None
             if entry is not None and entry.started_at is not None:
                 running.append(Running(child.slot, entry.id, entry.started_at))
-        self.route(self.pressure.observe(self.memory.read(), now, self.jobs.reserved(), running), now)
+        self.route(self.pressure.observe(self.memory.read(), now, self.claiming.reserved(), running), now)
 
     def stopping_for_good(self) -> bool:
-        return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.jobs.inflight.jobs)
+        return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.inflight.jobs)
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
@@ -360,9 +411,9 @@ class Arbiter:
         if self.phase is Phase.DRAINING:
             log_event(log, WARNING, "second stop signal: stopping at once", signal=name)
             self.pool.kill_all()
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
         else:
-            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.jobs.inflight),
+            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.inflight),
                       drain_timeout=self.cfg.drain_timeout)
             self.begin_drain(now, exitcodes.OK)
 
@@ -372,9 +423,9 @@ class Arbiter:
         the reserve (and anything still running at the deadline) back to the queue unaltered, and exit. A stop
         signal that comes after it stops at once."""
         log_event(log, INFO, "drain requested: no more claims or starts; reserved jobs go back to the queue when "
-                             "the running ones are done", running=len(self.jobs.inflight) - self.jobs.reserved(),
-                  reserved=self.jobs.reserved(), drain_timeout=self.cfg.drain_timeout)
-        self.jobs.stop_starting()
+                             "the running ones are done", running=len(self.inflight) - self.claiming.reserved(),
+                  reserved=self.claiming.reserved(), drain_timeout=self.cfg.drain_timeout)
+        self.claiming.stop_starting()
         self.begin_drain(now, exitcodes.OK)
 
     def handle_SIGINT(self, now: float) -> None:
@@ -417,7 +468,7 @@ class Arbiter:
         """An error the daemon cannot work past (401): stop claiming, deliver what is in flight, exit."""
         log_event(log, logging.ERROR, f"stopping: {exitcodes.NAMES.get(fact.code, fact.code)}", error=fact.error)
         if not self.membership.registered:
-            self.finish(fact.code)
+            self.exit_with(fact.code)
         else:
             self.drain_with(now, fact.code)
 
@@ -432,14 +483,15 @@ class Arbiter:
         if self.phase in (Phase.DRAINING, Phase.STOPPED):
             return
         self.phase = Phase.DRAINING
+        self.publish(now)
         self.drain_code = code
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
         self.membership.heartbeat_soon(now)  # tell the API `draining` now
-        self.route(self.jobs.recall_held(), now)  # held jobs come back, to be handled as reserved ones
+        self.route(self.claiming.recall_held(), now)  # held jobs come back, to be handled as reserved ones
 
     def check_drain(self, now: float) -> None:
-        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.jobs.exhausted():
+        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.claiming.exhausted():
             log_event(log, INFO, "queues empty and no job in flight: stopping (--until-empty)",
                       queues=",".join(self.cfg.queues))
             self.begin_drain(now, exitcodes.OK)
@@ -449,42 +501,32 @@ class Arbiter:
             self.hooks.extend_timeout(now, self.drain_deadline - now + self.stop_after_drain())
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
-            self.finish(self.drain_code)
-        elif self.jobs.drained():
+            self.exit_with(self.drain_code)
+        elif self.claiming.drained():
             log_event(log, INFO, "drained: no job in flight")
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
         elif self.drain_deadline is not None and now >= self.drain_deadline:
-            busy = list(self.jobs.inflight.jobs)
+            busy = list(self.inflight.jobs)
             log_event(log, WARNING, "drain timeout: stopping busy children; deregistering hands their jobs back "
                                     "to the queue", jobs=busy)
-            self.finish(self.drain_code)
+            self.exit_with(self.drain_code)
 
     def stop_after_drain(self) -> float:
-        """The longest `finish` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
+        """The longest `exit_with` may block: stopping the children (kill grace, then a SIGKILL's reaping) and
         two deregister attempts (supervisor.ops.budget)."""
         return stop_budget(self.cfg.drain_timeout, self.cfg.kill_grace, self.cfg.api_timeout).after_drain
 
-    def finish(self, code: int) -> None:
+    def exit_with(self, code: int) -> None:
         """Stop children, deregister (which releases any job still held) and set the exit code. The
         deregister blocks the loop, bounded: two attempts of at most DEREGISTER_TIMEOUT each, so a stop
         fits systemd's TimeoutStopSec; nothing else is left to serve by then."""
         if self.exit_code is not None:
             return
         self.pool.shutdown()
-        if self.membership.registered and not self.membership.yielded:  # a newer daemon holds the row now
-            for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
-                try:
-                    self.api.deregister(self.cfg.worker_id, timeout=min(self.cfg.api_timeout, DEREGISTER_TIMEOUT))
-                    log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
-                    break
-                except api.Unavailable as exc:
-                    log_event(log, WARNING, "deregister failed", error=str(exc), attempt=attempt)
-                except Exception as exc:
-                    log_event(log, WARNING, "deregister refused", error=str(exc))
-                    break
-            self.membership.deregistered()
+        self.membership.deregister()
         self.phase = Phase.STOPPED
         self.exit_code = code
+        self.publish(time.monotonic())
         log_event(log, INFO, "supervisor stopped", exit_code=code)
 
     def announce_ready_if_up(self) -> None:
@@ -497,16 +539,14 @@ class Arbiter:
 
     # ------------------------------------------------------------ heartbeat
     def send_heartbeat(self, now: float) -> None:
+        """When one is due: the heartbeat, from the pool's, the table's and the memory's plain values."""
         if not self.membership.heartbeat_due(now):
             return
-        cpu, mem = self.tree_usage()
-        metadata = self.membership.heartbeat_metadata(self.pool.target, self.pool.busy_count(),
-                                                      len(self.pool.children), cpu, mem)
-        reading = self.pressure.reading
-        if reading is not None:
-            metadata["memory"] = {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
-                                  "pressure": self.pressure.state}
-        self.membership.send_heartbeat(now, len(self.jobs.inflight), self.worker_status(now), metadata, cpu, mem)
+        cpu, mem = self.pool.tree_usage()
+        self.membership.send_heartbeat(now, current_jobs=len(self.inflight), status=self.worker_status(now),
+                                       procs=self.pool.target, busy=self.pool.busy_count(),
+                                       children=len(self.pool.children), cpu=cpu, mem=mem,
+                                       memory=self.pressure.heartbeat_fields())
 
     def worker_status(self, now: float | None = None) -> str:
         """`draining`, `degraded` while children are crash-looping, else `healthy`."""
@@ -514,22 +554,10 @@ class Arbiter:
             return "draining"
         return "degraded" if self.pool.degraded(time.monotonic() if now is None else now) else "healthy"
 
-    def tree_usage(self) -> tuple[float, float]:
-        """CPU percent (of one core, summed) and memory percent of the parent and its children."""
-        cpu = mem = 0.0
-        procs = [self._ps_self] + [p for p in (c.ps() for c in list(self.pool.children.values())) if p is not None]
-        for proc in procs:
-            try:
-                cpu += proc.cpu_percent(None)
-                mem += proc.memory_percent()
-            except psutil.Error:
-                pass
-        return round(cpu, 1), round(mem, 2)
-
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:
         pool = self.pool
-        text = f"queue={self.cfg.queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.jobs.inflight)}"
+        text = f"queue={self.cfg.first_queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.inflight)}"
         text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
@@ -543,39 +571,44 @@ class Arbiter:
             self.next_title_at = now + TITLE_EVERY
             self.hooks.status(title)
 
-    def snapshot(self) -> dict:
-        """A plain-data picture of the daemon for /status and /healthz (read from another thread)."""
-        now = time.monotonic()
-        children = []
-        for child in list(self.pool.children.values()):
-            entry = self.jobs.inflight.get(child.job_id)
-            children.append({
-                "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
-                "job_runtime_secs": round(now - entry.started_at, 3) if entry and entry.started_at else None,
-                "rss_bytes": child.rss, "jobs_done": child.jobs_done, "restarts": self.pool.restarts.get(child.slot, 0),
-                "memory_bytes": child.memory.bytes if child.memory else None,
-                "subprocesses": child.memory.subprocesses if child.memory else None,
-                "memory_kind": child.memory.kind if child.memory else None,
-            })
-        api_ok_at = self.membership.api_ok_at
-        return {
-            "worker_id": self.cfg.worker_id, "queue": self.cfg.queue, "pid": os.getpid(), "version": __version__,
-            "registered": self.membership.registered, "draining": self.phase is Phase.DRAINING,
+    def publish(self, now: float) -> None:
+        """Publish a frozen snapshot of the daemon, built from each part's plain `stats()`, for the health
+        server's thread (/status, /healthz) and the gauges: every PUBLISH_EVERY seconds of turns, and at once
+        when the phase changes. Its ages are computed when it is read (`snapshot`)."""
+        self.next_publish_at = now + PUBLISH_EVERY
+        self.publish_stale = self.publish_at_turn_end = False
+        pool, members, inflight = self.pool.stats(), self.membership.stats(), self.inflight.stats()
+        claiming, settled, pacer = self.claiming.stats(), self.settling.stats()["jobs_settled"], self.pacer.stats()
+        rows = pool["children"]
+        started_at = inflight["started_at"]
+        fields = {
+            "worker_id": self.cfg.worker_id, "queue": self.cfg.first_queue, "pid": os.getpid(), "version": __version__,
+            "registered": members["registered"], "draining": self.phase is Phase.DRAINING,
             "status": self.worker_status(now), "phase": self.phase.value,
-            "loop_age_secs": round(now - self.loop_at, 3),
-            "api_age_secs": None if api_ok_at is None else round(now - api_ok_at, 3),
-            "api_silence_secs": round(now - (self.started_at if api_ok_at is None else api_ok_at), 3),
-            "children_down_secs": round(now - self.children_up_at, 3),
-            "procs": self.pool.target, "busy": sum(1 for c in children if c["state"] == "busy"),
-            "inflight": len(self.jobs.inflight), "reserved": self.jobs.reserved(),
-            "held": self.jobs.held(), "queues": self.jobs.by_queue(),
-            "requests_sent": self.pacer.sent, "jobs_settled": self.jobs.settled,
-            "requests_per_job": round(self.pacer.sent / self.jobs.settled, 3) if self.jobs.settled else None,
-            "rate_limit_rps": self.pacer.rate, "rate_limited_answers": self.pacer.rate_limited_answers,
-            "claim_rtt_ms": None if self.jobs.claim_rtt.value is None else round(self.jobs.claim_rtt.value * 1000, 2),
-            "reserve_wait_ms": self.jobs.reserve_wait_ms(),
-            "memory": {**self.pressure.status(), "oom_kills": self.pool.oom_kills, "preload": self.cfg.preload},
-            "wake": {"stream": self.listener.wake.state, "connects": self.listener.wake.connects,
-                     "jobs_announced": self.listener.wake.created_seen},
-            "children": sorted(children, key=lambda c: c["slot"]),
+            "loop_age_secs": None, "api_age_secs": None, "api_silence_secs": None, "children_down_secs": None,
+            "procs": pool["procs"], "busy": sum(1 for row in rows if row["state"] == "busy"),
+            "inflight": inflight["inflight"], "reserved": claiming["reserved"], "held": claiming["held"],
+            "queues": claiming["queues"], "requests_sent": pacer["requests_sent"], "jobs_settled": settled,
+            "requests_per_job": round(pacer["requests_sent"] / settled, 3) if settled else None,
+            "rate_limit_rps": pacer["rate_limit_rps"], "rate_limited_answers": pacer["rate_limited_answers"],
+            "claim_rtt_ms": claiming["claim_rtt_ms"], "reserve_wait_ms": claiming["reserve_wait_ms"],
+            "memory": {**self.pressure.stats(), "oom_kills": pool["oom_kills"], "preload": self.cfg.preload},
+            "wake": self.listener.stats(), "children": None,
         }
+        children = tuple((row, started_at.get(row["job_id"])) for row in rows)
+        self.published = Published(MappingProxyType(fields), children, self.loop_at, self.started_at,
+                                   members["api_ok_at"], self.children_up_at)
+        self.published_phase = self.phase
+
+    def publish_if_due(self, now: float) -> None:
+        """At a turn's end: publish if PUBLISH_EVERY has passed, a child died or the phase changed; else leave
+        it for the wake-up at `next_publish_at` (next_wakeup), so what this turn changed shows within it."""
+        if now >= self.next_publish_at or self.publish_at_turn_end or self.phase is not self.published_phase:
+            self.publish(now)
+        else:
+            self.publish_stale = True
+
+    def snapshot(self) -> dict:
+        """/status's document from the snapshot the loop last published, its ages as of now (called from the
+        health server's thread: it reads one reference and touches no part)."""
+        return self.published.status(time.monotonic())

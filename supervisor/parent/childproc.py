@@ -42,6 +42,8 @@ def set_group_grace(grace: float) -> None:
 
 
 class ChildState(enum.Enum):
+    """Where a child is in its life, as the parent sees it."""
+
     STARTING = "starting"  # importing the handler
     IDLE = "idle"  # waiting for a job
     BUSY = "busy"  # running `job_id`
@@ -112,7 +114,7 @@ class Child:
         self.recalling = True
         return True
 
-    def finish_job(self, next_id: str | None = None) -> None:
+    def answered(self, next_id: str | None = None) -> None:
         """The child answered for its job; `next_id` is the held job it started at once."""
         self.jobs_done += 1
         self.job_id = None

@@ -1,14 +1,14 @@
 """What the parent's parts tell the arbiter, and what an API call carries back.
 
-Parts never call each other: a method of the pool, the job flow or membership returns a list of
+Parts never call each other: a method of the pool, claiming, settling or membership returns a list of
 these facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor.client.rest import ApiError
 
@@ -34,7 +34,7 @@ class JobStarted:
 
 @dataclass(frozen=True)
 class JobReturned:
-    """A child gave back its held job unstarted (asked to, or it ended): the job waits for a child again."""
+    """A child gave back its held job unstarted (asked to, or it ended): the job is unassigned again."""
 
     slot: int
     job_id: str
@@ -60,7 +60,7 @@ class ChildLost:
 
 @dataclass(frozen=True)
 class StopJob:
-    """The job flow gave up on `job_id` (timeout, lost lease): stop the child running it."""
+    """Settling gave up on `job_id` (timeout, lost lease): stop the child running it."""
 
     slot: int
     job_id: str
@@ -69,7 +69,7 @@ class StopJob:
 
 @dataclass(frozen=True)
 class RecallJob:
-    """The job flow wants the held job `job_id` back from the child on `slot` (lease lost, a drain)."""
+    """The held job `job_id` is wanted back from the child on `slot` (lease lost, a drain)."""
 
     slot: int
     job_id: str
@@ -124,6 +124,32 @@ class ShedJob:
 
 
 @dataclass(frozen=True)
+class QueueFreed:
+    """A child ended a job of `queue` (after `duration` s): the queue had work and a child is free, so claim
+    there again at once (and learn how long its jobs run)."""
+
+    queue: str
+    duration: float | None
+
+
+@dataclass(frozen=True)
+class RetryDue:
+    """A job of `queue` this daemon failed comes back to the queue at `at` (the server's retry back-off):
+    nothing announces that, so claim there then."""
+
+    queue: str
+    at: float
+
+
+@dataclass(frozen=True)
+class JobReissued:
+    """A claim brought a job this worker still held (`old`, already out of the table): the server handed it
+    out again under a new lease, so the old copy's work and answers are void."""
+
+    old: Any  # the in-flight table's Entry
+
+
+@dataclass(frozen=True)
 class WorkCreated:
     """The events stream announced a job on `queue` (None: on some queue of ours): claim there now."""
 
@@ -137,19 +163,18 @@ class Listening:
     live: bool
 
 
+Heard = WorkCreated | Listening  # what the events stream tells claiming
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob)
-Heard = WorkCreated | Listening  # what the events stream tells the job flow
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
 
 
-@dataclass(frozen=True)
-class Followup:
-    """What an API call does with its answer. `answer(result, error, now)` returns facts; if it
-    raises (a bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the
-    call held, so nothing waits on it for ever."""
+class Followup(NamedTuple):
+    """What an API call does with its answer. `answer(result, error, now)` returns facts; if it raises (a
+    bug, or an answer of a shape nobody foresaw), `recover(now)` puts back the state the call held, so
+    nothing waits on it for ever. A named tuple: one is made for every call, and a tuple is cheap to make."""
 
-    answer: Callable[[Any, ApiError | None, float], list[Fact]]
-    recover: Callable[[float], list[Fact]]
+    answer: Callable[[Any, ApiError | None, float], Sequence[Fact] | None]
+    recover: Callable[[float], Sequence[Fact] | None]
 
 
 Submit = Callable[..., None]  # submit(call, followup, first=False): the arbiter's way out to the API

@@ -106,7 +106,7 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def parse_time(text) -> float | None:
+def parse_time(text: object) -> float | None:
     """An RFC 3339 timestamp as Unix seconds; None if missing or unreadable."""
     if not isinstance(text, str) or not text:
         return None

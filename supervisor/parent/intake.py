@@ -1,7 +1,7 @@
 """How many jobs to claim, and when: claim just ahead of need, in batches.
 
-Pure decisions on numbers the job flow measures; no I/O. The idea is Little's law: a child that
-will be free within about one claim round trip should find a job waiting, so the reserve of
+Pure decisions on numbers claiming measures; no I/O. The idea is Little's law: a child that
+will be free within about one claim round trip should find a job reserved for it, so the reserve of
 claimed-but-not-started jobs covers the round trip and no more. Jobs much longer than a round
 trip are never reserved (their children are claimed for when idle, as with no prefetch), so a
 fleet of daemons shares long jobs as evenly as before.
@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
+
+from supervisor.backoff import backoff
+from supervisor.parent.wake import SAFETY_POLL
 
 MAX_CLAIM = 100  # the API's largest `limit`
 HORIZON_RTTS = 2.0  # claim for children that will be free within this many round trips
@@ -70,10 +74,10 @@ class Tail:
 
 @dataclass(frozen=True)
 class Need:
-    """What the job flow knows when it decides to claim."""
+    """What claiming knows when it decides to claim."""
 
     idle: int  # idle children now
-    waiting: int  # jobs claimed and not yet started
+    reserved: int  # jobs claimed and not yet started (the reserve)
     remaining: tuple[float, ...]  # for each busy child, its job's expected time left (s); unknown: inf
     procs: int  # children in the pool
     rtt: float | None  # claim round trip estimate (s): a high percentile of those measured
@@ -100,23 +104,23 @@ def starts_within(h: float, n: Need) -> int:
 def claim_size(n: Need) -> int:
     """How many jobs one claim should ask for now; 0 = do not claim.
 
-    Claim when the jobs waiting will not last the horizon (the children will start more than that
+    Claim when the jobs reserved will not last the horizon (the children will start more than that
     within two round trips), and ask for the horizon's starts plus a batch: one more horizon of
     starts, or, under a request budget, the starts between the claims the budget can afford."""
     if n.prefetch == 0 or n.rtt is None or n.run_time is None:
-        return max(0, min(MAX_CLAIM, n.idle - n.waiting))
+        return max(0, min(MAX_CLAIM, n.idle - n.reserved))
     h = horizon(n.rtt)
     need = starts_within(h, n)
-    if n.waiting >= need:
+    if n.reserved >= need:
         return 0
     starts = n.procs / max(n.run_time, 1e-4)  # jobs started per second with every child busy
     window = max(h, MIN_BATCH_WINDOW)  # the batch: one more horizon of starts (none for long jobs)...
     if n.rate:  # ...or, under a request budget, the gap between the claims it can afford
         starts = min(starts, SETTLE_SHARE * n.rate)
         window = max(window, 1.0 / (CLAIM_SHARE * n.rate))
-    want = need + math.floor(starts * window) - n.waiting
+    want = need + math.floor(starts * window) - n.reserved
     if n.prefetch is not None:
-        want = min(want, n.prefetch + n.idle - n.waiting)
+        want = min(want, n.prefetch + n.idle - n.reserved)
     return max(0, min(MAX_CLAIM, want))
 
 
@@ -152,12 +156,12 @@ def hold_overdue(run_time: float | None, elapsed: float) -> bool:
 
 def next_need_at(now: float, n: Need) -> float | None:
     """When the loop should wake to claim: NEED_SLACK_RTTS round trips after the starts within the
-    horizon first outnumber the jobs waiting (claim_size's test), not at each busy child's entry into
+    horizon first outnumber the jobs reserved (claim_size's test), not at each busy child's entry into
     the horizon, which the reserve usually covers; None if no estimate.
 
     The starts within the horizon go up by one at each (left - h) + k x run from now (k = 0, 1, ...;
     an idle child's left is 0): the answer is the first of those steps after now that makes them
-    outnumber `waiting`. With MAX_STEPS or more waiting it answers the first step after now instead
+    outnumber `reserved`. With MAX_STEPS or more reserved it answers the first step after now instead
     (earlier: a wasted turn at worst, never a late claim), or None if all of MAX_STEPS are past: the
     children's answers, a job's end every few ms, wake the loop long before the reserve runs out."""
     if n.rtt is None or n.run_time is None:
@@ -169,12 +173,61 @@ def next_need_at(now: float, n: Need) -> float | None:
     steps += [-h] * n.idle
     heapq.heapify(steps)
     first_ahead = None
-    for count in range(1, MAX_STEPS + 1):  # the answer is step waiting + 1 at most: need(now) <= waiting
+    for count in range(1, MAX_STEPS + 1):  # the answer is step reserved + 1 at most: need(now) <= reserved
         t = steps[0]
         if t > 0:
-            if count > n.waiting:
+            if count > n.reserved:
                 return now + t + NEED_SLACK_RTTS * n.rtt
             if first_ahead is None:
                 first_ahead = t
         heapq.heapreplace(steps, t + run)
     return None if first_ahead is None else now + first_ahead
+
+
+class QueueIntake:
+    """Claim timing of one queue."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.next_claim_at = 0.0  # claim no sooner (empty-queue back-off; now when it gave a job)
+        self.empty_claims = 0  # claims in a row that found fewer jobs than asked
+        self.run_time = Ewma()  # how long its jobs run (s)
+        self.hinted_at = -math.inf  # when the events stream last announced a job here
+        self.retries_due: list[float] = []  # when jobs this daemon failed come due again (no event tells)
+
+    def answered(self, asked: int, got: int, now: float, poll_interval: float, listening: bool = False,
+                 sent_at: float = -math.inf) -> None:
+        """A claim sent at `sent_at` got `got` of `asked` jobs. Short: ask again at once if a job was
+        announced since it was sent; else, while the events stream is live, on the slow safety poll;
+        else on the back-off (50 ms doubling to `poll_interval`)."""
+        self.retries_due = [t for t in self.retries_due if t > sent_at]  # the claim looked after those
+        if got < asked:
+            self.empty_claims += 1
+            if self.hinted_at >= sent_at:
+                self.next_claim_at = now
+            elif listening:
+                safety = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                self.next_claim_at = min([safety, *self.retries_due])
+            else:
+                self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)
+        else:
+            self.empty_claims = 0
+            self.next_claim_at = now
+
+    def hinted(self, now: float) -> None:
+        """The events stream announced a job here (or asks for a re-check): claim as soon as a child is free."""
+        self.hinted_at = now
+        self.next_claim_at = min(self.next_claim_at, now)
+
+    def retry_due(self, at: float) -> None:
+        """A job this daemon failed comes back to the queue at `at` (the server's retry back-off): nothing
+        announces that, so claim then rather than at the safety poll."""
+        self.retries_due.append(at)
+        if self.next_claim_at > at:
+            self.next_claim_at = at
+
+    def gave_work(self, now: float, duration: float | None) -> None:
+        """One of its jobs ended after `duration` seconds: a child is free and this queue had work."""
+        if duration is not None:
+            self.run_time.add(duration)
+        self.next_claim_at = min(self.next_claim_at, now)

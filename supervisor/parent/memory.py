@@ -105,8 +105,16 @@ class MemoryPressure:
                                  "the newest running, was stopped so that it can retry elsewhere"))
         return facts
 
-    def status(self) -> dict:
-        """For /status, heartbeats and metrics."""
+    def heartbeat_fields(self) -> dict | None:
+        """The last reading as a heartbeat carries it (None before the first)."""
+        reading = self.reading
+        if reading is None:
+            return None
+        return {"used_bytes": reading.used, "limit_bytes": reading.limit, "source": reading.source,
+                "pressure": self.state}
+
+    def stats(self) -> dict:
+        """Plain data for the published snapshot (/status and the metrics)."""
         out: dict = {"state": self.state, "paused": self.paused, "high": str(self.high), "max": str(self.max),
                      "shed_jobs": self.shed}
         if self.reading is not None:

@@ -19,6 +19,9 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from supervisor.client.transport import BuiltCall
+from supervisor.parent.facts import Followup
+
 PRIORITY = {"complete": 0, "fail": 0, "job_heartbeat": 1, "register": 2, "worker_heartbeat": 2, "deregister": 2}
 CLAIM_PRIORITY = 3
 RATE_WINDOW = 2.0  # seconds of sent requests kept to measure the rate being sent
@@ -30,10 +33,13 @@ CREEP_BY = 0.05  # ... by this share, up to the plan's limit
 MIN_RATE = 0.5
 ECHO_WINDOW = 1.0  # seconds after a 429 changed the rate in which further 429s answer requests sent before it
 
-Send = Callable[[object, object, bool], None]  # send(call, followup, first)
+Send = Callable[[BuiltCall, Followup, bool], None]  # send(call, followup, first)
 
 
 class Pacer:
+    """The request budget in front of the loop's transport: sends a call now or defers it by priority
+    (`deferred`) until a token frees; learns the rate from 429s unless --max-rps fixed it."""
+
     def __init__(self, send: Send, max_rps: float | None = None):
         self.send = send  # the HTTP client's submit
         self.rate: float | None = max_rps  # requests per second allowed; None = not paced
@@ -45,20 +51,25 @@ class Pacer:
         self.last_429_at = -1e9
         self.rate_set_at = -1e9  # when a 429 last changed the rate
         self.crept_at = 0.0
-        self.waiting: list[tuple[int, int, object, object, bool]] = []  # (priority, seq, call, followup, first)
+        self.deferred: list[tuple[int, int, BuiltCall, Followup, bool]] = []  # (priority, seq, call, followup, first)
         self._seq = itertools.count()
         self.recent: collections.deque[float] = collections.deque()  # send times, the last RATE_WINDOW seconds
         self.sent = 0  # requests sent in all
         self.rate_limited_answers = 0  # 429s seen
 
+    def stats(self) -> dict:
+        """Plain data for the published snapshot."""
+        return {"requests_sent": self.sent, "rate_limit_rps": self.rate,
+                "rate_limited_answers": self.rate_limited_answers}
+
     # ------------------------------------------------------------ asking
-    def submit(self, call, followup, first: bool, now: float) -> None:
+    def submit(self, call: BuiltCall, followup: Followup, first: bool, now: float) -> None:
         """Send `call` now if the budget allows, else queue it by priority."""
-        if self.rate is None or (not self.waiting and self._take(now)):
+        if self.rate is None or (not self.deferred and self._take(now)):
             self._send(call, followup, first, now)
             return
         prio = PRIORITY.get(getattr(call, "route", ""), CLAIM_PRIORITY)
-        heapq.heappush(self.waiting, (prio, next(self._seq), call, followup, first))
+        heapq.heappush(self.deferred, (prio, next(self._seq), call, followup, first))
 
     def allows_claim(self, now: float) -> bool:
         """A claim may go now: no Retry-After holds, nothing of higher priority waits, and a token is
@@ -67,20 +78,20 @@ class Pacer:
             return False
         if self.rate is None:
             return True
-        return not self.waiting and self._tokens(now) >= 2.0
+        return not self.deferred and self._tokens(now) >= 2.0
 
     def release(self, now: float) -> None:
         """Send queued calls as tokens come in; grow a learned rate while no 429 comes."""
         self._creep(now)
-        while self.waiting and self._take(now):
-            _, _, call, followup, first = heapq.heappop(self.waiting)
+        while self.deferred and self._take(now):
+            _, _, call, followup, first = heapq.heappop(self.deferred)
             self._send(call, followup, first, now)
 
     def next_deadline(self, now: float) -> float | None:
         times = []
         if self.claims_paused_until > now:
             times.append(self.claims_paused_until)
-        if self.rate and self.waiting:
+        if self.rate and self.deferred:
             times.append(now + max(0.0, 1.0 - self._tokens(now)) / self.rate)
         return min(times) if times else None
 
@@ -136,7 +147,7 @@ class Pacer:
         self.tokens = tokens
         return False
 
-    def _send(self, call, followup, first: bool, now: float) -> None:
+    def _send(self, call: BuiltCall, followup: Followup, first: bool, now: float) -> None:
         self.sent += 1
         self.recent.append(now)
         self.send(call, followup, first)

@@ -13,6 +13,9 @@ import signal
 import time
 from collections.abc import Callable
 from logging import DEBUG, ERROR, INFO, WARNING
+from typing import Any
+
+import psutil
 
 from supervisor import sdkworker
 from supervisor.backoff import backoff
@@ -37,7 +40,7 @@ MAX_PROCS = 1000
 EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
 
 
-def _number(value, default: float) -> float:
+def _number(value: object, default: float) -> float:
     """A time a child sent, never later than `default` (now); `default` if it sent none."""
     return min(float(value), default) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
@@ -47,6 +50,9 @@ class HandlerImportFailed(Exception):
 
 
 class ChildPool:
+    """The children: starts, feeds, reads, reaps and replaces them to match the target size; owns everything
+    about them and answers with facts (see the module docstring)."""
+
     def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks, memory: MemorySource | None = None,
                  measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = tree_memory):
         self.cfg = cfg
@@ -69,6 +75,7 @@ class ChildPool:
         self.changed = True  # something happened that converge must look at
         self.next_converge_at = 0.0
         self.next_memory_check = 0.0
+        self.ps_parent = psutil.Process()  # this process, for the heartbeat's CPU and memory of the tree
 
     # ------------------------------------------------------------ reading
     def idle_children(self) -> list[Child]:
@@ -94,6 +101,32 @@ class ChildPool:
         """Children are crash-looping: a boot failure lately, or 3 crashes within DEGRADED_FOR."""
         crashes = sum(1 for t in list(self.recent_crashes) if now - t < DEGRADED_FOR)  # also read by /status
         return bool(self.boot_failures and now - self.last_boot_failure < DEGRADED_FOR) or crashes >= 3
+
+    def tree_usage(self) -> tuple[float, float]:
+        """CPU percent (of one core, summed, since the last call) and memory percent of this process (the
+        parent) and its children, for the heartbeat."""
+        cpu = mem = 0.0
+        procs = [self.ps_parent] + [p for p in (c.ps() for c in list(self.children.values())) if p is not None]
+        for proc in procs:
+            try:
+                cpu += proc.cpu_percent(None)
+                mem += proc.memory_percent()
+            except psutil.Error:
+                pass
+        return round(cpu, 1), round(mem, 2)
+
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: the pool's size, its OOM kills and one row per child."""
+        rows: list[dict] = []
+        for child in sorted(self.children.values(), key=lambda c: c.slot):
+            mem = child.memory
+            rows.append({
+                "slot": child.slot, "pid": child.pid, "state": child.state.value, "job_id": child.job_id,
+                "job_runtime_secs": None, "rss_bytes": child.rss, "jobs_done": child.jobs_done,
+                "restarts": self.restarts.get(child.slot, 0), "memory_bytes": mem.bytes if mem else None,
+                "subprocesses": mem.subprocesses if mem else None, "memory_kind": mem.kind if mem else None,
+            })
+        return {"procs": self.target, "oom_kills": self.oom_kills, "children": rows}
 
     def next_deadline(self, now: float) -> float | None:
         times = [c.kill_at for c in self.children.values() if c.kill_at is not None]
@@ -308,7 +341,7 @@ class ChildPool:
     def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
         following = msg.get("next")
         following = following if isinstance(following, str) else None
-        child.finish_job(following)
+        child.answered(following)
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:
@@ -431,7 +464,7 @@ class ChildPool:
         except ValueError:
             pass
 
-    def _unwatch(self, fileobj) -> None:
+    def _unwatch(self, fileobj: Any) -> None:
         try:
             self.sel.unregister(fileobj)
         except (KeyError, ValueError):

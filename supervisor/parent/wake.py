@@ -2,7 +2,7 @@
 
 `Wake` decides, without I/O, from what it is told (`now` passed in): when to open the stream, that a
 `job.created` event means "claim from this queue now" (`WorkCreated`), that the stream went live or
-down (`Listening`: the job flow re-checks every queue then, since events may have been missed, and
+down (`Listening`: claiming re-checks every queue then, since events may have been missed, and
 polls an empty queue only every SAFETY_POLL seconds while the stream is live), when a silent stream
 is dead, and how long to wait before reopening (back-off). A server without the route (404/405) or a
 key refused the queue (403) turns listening off for good, said once: the daemon polls as before.
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
+import selectors
 from collections.abc import Callable
 from logging import DEBUG, INFO, WARNING
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
-from supervisor.client.events import EventsConnection, Resolver, events_path
+from supervisor.client.events import EventsConnection, events_path
+from supervisor.client.transport import LoopTransport, Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.parent.facts import Fatal, Heard, Listening, WorkCreated
@@ -146,16 +148,19 @@ class Listener:
             log_event(log, INFO, "no REST API to listen to for new jobs (--api-url): finding them by polling")
 
     @classmethod
-    def for_loop(cls, cfg: Config, api, sel, http, wake_fd: int) -> Listener:
-        """The listener of the arbiter's loop: over `api` itself (REST), or with --transport grpc over the
-        REST API beside it (`api.rest`, from --api-url), whose addresses a `Resolver` looks up."""
-        rest = api if cfg.transport == "rest" else getattr(api, "rest", None)
-        if rest is None:
+    def for_loop(cls, cfg: Config, api: Transport, sel: selectors.BaseSelector, http: LoopTransport,
+                 wake_fd: int) -> Listener:
+        """The listener of the arbiter's loop, where the transport says the events stream is read."""
+        source = api.events_source(http, wake_fd)
+        if source is None:
             return cls(cfg, None, lambda: None)
-        conn = EventsConnection(rest, sel, events_path(rest, list(cfg.queues)))
-        if cfg.transport == "rest":
-            return cls(cfg, conn, lambda: http.addrs)
-        return cls(cfg, conn, Resolver(rest.host, rest.port, wake_fd))
+        conn = EventsConnection(source.api, sel, events_path(source.api, list(cfg.queues)))
+        return cls(cfg, conn, source.addresses)
+
+    def stats(self) -> dict:
+        """Plain data for the published snapshot: the stream's state, streams opened, jobs announced."""
+        wake = self.wake
+        return {"stream": wake.state, "connects": wake.connects, "jobs_announced": wake.created_seen}
 
     def turn(self, now: float, may_claim: bool) -> list[Heard | Fatal]:
         """Open, reopen or drop the stream as `Wake` says."""

@@ -20,6 +20,7 @@ import pytest
 from conftest import DevServer, free_port, wait_for_status, wait_until
 from support.flow_sim import make_cfg
 from support.intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
+from support.job_parts import JobParts
 
 from supervisor.child import main as child_main
 from supervisor.child import wire
@@ -35,7 +36,6 @@ from supervisor.parent.intake import (
     hold_overdue,
     may_hold,
 )
-from supervisor.parent.jobs import JobFlow
 
 RECORD = "tests.support.handlers_intake:record"
 
@@ -366,13 +366,13 @@ def test_a_new_daemon_on_a_queue_with_short_history_holds_its_second_job_behind_
 
 # ------------------------------------------------------------------ the job flow's bookkeeping, in process
 
-def flow_holding(run: float = 0.02, **cfg) -> tuple[JobFlow, list, object]:
-    """A JobFlow with one job running on slot 0 (started at t=10) and one job held by that child."""
+def flow_holding(run: float = 0.02, **cfg) -> tuple[JobParts, list, object]:
+    """A JobParts with one job running on slot 0 (started at t=10) and one job held by that child."""
     sent: list = []
-    flow = JobFlow(make_cfg(procs=1, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
+    flow = JobParts(make_cfg(procs=1, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
                    lambda call, followup, first=False: sent.append((call, followup)), NullHooks())
-    flow.claim_rtt.add(0.005)
-    flow.queues["q"].run_time.add(run)
+    flow.claiming.claim_rtt.add(0.005)
+    flow.claiming.queues["q"].run_time.add(run)
     child = SimpleNamespace(slot=0, pid=100)
     running = flow.inflight.add({"id": "run", "lease_id": "L1", "queue_name": "q"}, 10.0)
     flow.started(running, child, 10.0)
@@ -382,35 +382,35 @@ def flow_holding(run: float = 0.02, **cfg) -> tuple[JobFlow, list, object]:
 
 def test_a_held_jobs_timeout_counts_from_the_start_the_child_reports():
     flow, _, child = flow_holding()
-    ((holder, entry),) = flow.holds([child], 10.001)
-    flow.hold(entry, holder)
-    assert flow.reserved() == 1 and flow.held() == 1 and flow.inflight.waiting_count() == 0
+    ((holder, entry),) = flow.claiming.holds([child], 10.001)
+    flow.claiming.hold(entry, holder)
+    assert flow.claiming.reserved() == 1 and flow.claiming.held() == 1 and flow.inflight.unassigned_count() == 0
     assert flow.enforce(11.5) == [] and entry.timeout_at is None  # held 1.5 s: its 1 s timeout has not begun
-    flow.from_child(JobDone(0, "run", True, None), 12.0)
-    assert flow.from_child(JobStarted(0, "next", 11.9), 12.0) == []
-    assert entry.started_at == 11.9 and entry.timeout_at == 12.9 and flow.held() == 0
+    flow.job_done(JobDone(0, "run", True, None), 12.0)
+    assert flow.job_started(JobStarted(0, "next", 11.9), 12.0) == []
+    assert entry.started_at == 11.9 and entry.timeout_at == 12.9 and flow.claiming.held() == 0
     assert flow.enforce(12.8) == []
     assert flow.enforce(12.9) == [StopJob(0, "next", "timeout")]
 
 
 def test_a_held_job_whose_lease_is_lost_is_recalled_not_its_child_stopped():
     flow, _, child = flow_holding()
-    ((holder, entry),) = flow.holds([child], 10.001)
-    flow.hold(entry, holder)
-    facts = flow._lease_lost(entry, "gone", 10.5)
+    ((holder, entry),) = flow.claiming.holds([child], 10.001)
+    flow.claiming.hold(entry, holder)
+    facts = flow.lease_lost(entry, "gone", 10.5)
     assert facts == [RecallJob(0, "next")] and flow.inflight.get("next") is None
-    assert flow.from_child(JobReturned(0, "next"), 10.6) == []  # given back unstarted: nothing more to do
+    assert flow.job_returned(JobReturned(0, "next"), 10.6) is None  # given back unstarted: nothing more to do
     # had the child started it before reading the recall, it is stopped at once
-    assert flow.from_child(JobStarted(0, "next", 10.6), 10.7) == [StopJob(0, "next", "lease_lost")]
+    assert flow.job_started(JobStarted(0, "next", 10.6), 10.7) == [StopJob(0, "next", "lease_lost")]
 
 
 def test_a_held_job_given_back_waits_for_a_child_again_and_a_dead_childs_job_still_fails():
     flow, _, child = flow_holding()
-    ((holder, entry),) = flow.holds([child], 10.001)
-    flow.hold(entry, holder)
-    flow.from_child(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
-    flow.from_child(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
-    assert [e.id for e in flow.inflight.waiting()] == ["next"] and entry.slot is None
+    ((holder, entry),) = flow.claiming.holds([child], 10.001)
+    flow.claiming.hold(entry, holder)
+    flow.job_returned(JobReturned(0, "next"), 10.5)  # the reap's fact comes before its ChildLost
+    flow.child_lost(ChildLost(0, "ChildProcessDied: killed by SIGKILL", "crashed"), 10.5)
+    assert [e.id for e in flow.inflight.unassigned()] == ["next"] and entry.slot is None
     assert flow.inflight.get("run").outcome.label == "crashed"
 
 
@@ -419,7 +419,7 @@ def test_nothing_is_held_for_prefetch_0_long_jobs_an_unknown_run_time_or_behind_
     cfg = {"prefetch": 0} if case == "prefetch 0" else {}
     flow, _, child = flow_holding(run=2.0 if case == "long jobs" else 0.02, **cfg)
     if case == "no run time yet":
-        flow.queues["q"].run_time.value = None
+        flow.claiming.queues["q"].run_time.value = None
     now = 10.0 + 0.03 + HOLD_MAX_RUN if case == "job overrunning" else 10.001
-    assert flow.holds([child], now) == []
-    assert flow_holding()[0].holds([child], 10.001)  # the same flow with short jobs holds one
+    assert flow.claiming.holds([child], now) == []
+    assert flow_holding()[0].claiming.holds([child], 10.001)  # the same flow with short jobs holds one

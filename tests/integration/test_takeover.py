@@ -50,7 +50,7 @@ def test_a_daemon_whose_row_is_taken_over_drains_exits_6_and_leaves_the_row_alon
 
 
 def _membership(submitted: list) -> Membership:
-    cfg = Config(api_url="http://127.0.0.1:9", api_key=Secret("sp_test_0123456789"), queue="q", handler="m:f",
+    cfg = Config(api_url="http://127.0.0.1:9", api_key=Secret("sp_test_0123456789"), queues=("q",), handler="m:f",
                  worker_id="w", hostname="h", procs=2)
     client = SpooledAPI(cfg.api_url, cfg.api_key)
     return Membership(cfg, client, lambda call, followup, first=False: submitted.append((call, followup)))
@@ -61,7 +61,7 @@ def test_a_heartbeat_answer_with_next_heartbeat_seconds_sets_the_interval():
     m = _membership(sent)
     m.on_register({"heartbeat_interval_secs": 10}, None, now=100.0)
     assert m.heartbeat_interval == 10.0
-    m.send_heartbeat(100.0, 0, "healthy", {}, 0.0, 0.0)
+    m.send_heartbeat(100.0, current_jobs=0, status="healthy", procs=1, busy=0, children=1, cpu=0.0, mem=0.0)
     m.on_heartbeat({"acknowledged": True, "next_heartbeat_seconds": 3, "commands": []}, None, now=100.2)
     assert m.heartbeat_interval == 3.0 and m.next_heartbeat_at == pytest.approx(103.2)
     m.on_heartbeat({"acknowledged": True, "next_heartbeat_seconds": 100000}, None, now=110.0)

@@ -70,7 +70,7 @@ class Rig:
         self.arb.feed_children(now)
         self.answer("claim", [{"id": job_id, "lease_id": f"L-{job_id}", "queue_name": "q", **fields}], now=now)
         self.arb.feed_children(now)
-        assert self.arb.jobs.inflight.get(job_id).slot is not None
+        assert self.arb.inflight.get(job_id).slot is not None
 
     def signal(self, *sigs: int, now: float = T0) -> None:
         for sig in sigs:

@@ -1,4 +1,4 @@
-"""A deterministic, in-process loop around the real `JobFlow` (and optionally the real `Pacer`): fake
+"""A deterministic, in-process loop around the real `JobParts` (and optionally the real `Pacer`): fake
 children, a fake API that answers every call one round trip after it was sent (optionally behind a
 per-organization token bucket that answers 429 as the dev server does), and a fake clock.
 
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from support.job_parts import JobParts
 
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.config import Config
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import JobDone
-from supervisor.parent.jobs import JobFlow
 from supervisor.parent.pacer import Pacer
 
 URL = "http://127.0.0.1:9"  # never contacted: SpooledAPI only builds the calls here
@@ -30,7 +30,7 @@ KEY = Secret("sp_test_sim")
 
 
 def make_cfg(**overrides: Any) -> Config:
-    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queue="q", handler="m:f", worker_id="w-sim",
+    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queues=("q",), handler="m:f", worker_id="w-sim",
                                   hostname="sim", procs=2, lease=30, poll_interval=1.0, prefetch=None)
     fields.update(overrides)
     return Config(**fields)
@@ -96,7 +96,7 @@ class Sim:
         self.cfg = make_cfg(procs=self.procs, prefetch=self.prefetch, max_rps=self.max_rps, lease=self.lease)
         self.pacer = Pacer(self._wire, self.max_rps)  # the arbiter always has one; off until a rate is known
         self.bucket = Bucket(self.server_rps, 2 * self.server_rps, self.now) if self.server_rps else None
-        self.flow = JobFlow(self.cfg, SpooledAPI(URL, KEY), self._submit, NullHooks())
+        self.flow = JobParts(self.cfg, SpooledAPI(URL, KEY), self._submit, NullHooks())
         self.children = [FakeChild(slot, 10_000 + slot) for slot in range(self.procs)]
         self.backlog = [f"j{i}" for i in range(self.jobs)]
         self.index = {jid: i for i, jid in enumerate(self.backlog)}
@@ -142,22 +142,22 @@ class Sim:
         self.pending = [p for p in self.pending if p[0] > now]
         for _, _, call, (followup, retry_after) in due:
             if retry_after is None:
-                followup.answer(self._answer(call), None, now)
+                self.flow.route(followup.answer(self._answer(call), None, now), now)
                 continue
             error = self._rate_limited(call, retry_after)
             self.pacer.rate_limited(now, error.retry_after, error.body.get("limit"))  # as take_answers does
-            followup.answer(None, error, now)
+            self.flow.route(followup.answer(None, error, now), now)
         for child in self.children:
             if child.job_id is not None and child.ends_at <= now:
                 self.flow.job_done(JobDone(child.slot, child.job_id, True, None), now)
                 child.job_id, child.ends_at = None, math.inf
         self.pacer.release(now)
         self.flow.enforce(now)
-        for child, entry in self.flow.assignments(self.idle()):
+        for child, entry in self.flow.claiming.assignments(self.idle()):
             child.job_id, child.ends_at = entry.id, now + self.run_time(self.index[entry.id])
             self.start_times[entry.id] = now
             self.flow.started(entry, child, now)
-        self.max_reserved = max(self.max_reserved, self.flow.reserved())
+        self.max_reserved = max(self.max_reserved, self.flow.claiming.reserved())
         self.flow.send_reports()
         self.flow.maybe_claim(now, len(self.idle()), self.procs, True, self.pacer.allows_claim(now), self.pacer.rate)
 
@@ -183,7 +183,7 @@ class Sim:
             if burst_turns > 100:
                 raise AssertionError(f"busy loop: 100 turns within a millisecond at t={self.now}")
             dt = nxt - self.now
-            self.reserve_area += self.flow.reserved() * dt
+            self.reserve_area += self.flow.claiming.reserved() * dt
             if self.backlog:
                 self.idle_with_backlog += len(self.idle()) * dt
             self.now = nxt

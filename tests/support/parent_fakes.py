@@ -25,7 +25,7 @@ MiB = 2**20
 
 
 def make_cfg(**overrides: Any) -> Config:
-    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queue="q", handler="tests.handlers:ok", worker_id="w-1",
+    fields: dict[str, Any] = dict(api_url=URL, api_key=KEY, queues=("q",), handler="tests.handlers:ok", worker_id="w-1",
                                   hostname="host", procs=2, lease=30, poll_interval=5.0, kill_grace=3.0,
                                   drain_timeout=25.0, prefetch=0,  # prefetch 0: claim only for idle children
                                   wake="poll")  # no events stream: these rigs never turn the listener
@@ -78,8 +78,8 @@ class Hooks(NullHooks):
     def __init__(self) -> None:
         self.events: list[tuple] = []
 
-    def job_finished(self, queue: str, outcome: str, duration: float | None) -> None:
-        self.events.append(("job_finished", queue, outcome, duration))
+    def job_settled(self, queue: str, outcome: str, duration: float | None) -> None:
+        self.events.append(("job_settled", queue, outcome, duration))
 
     def child_restarted(self, reason: str) -> None:
         self.events.append(("child_restarted", reason))
@@ -167,7 +167,7 @@ class FakeMemory:
 
 @dataclass
 class FakePs:
-    """What the arbiter's tree_usage asks psutil of a child (`Child.ps`)."""
+    """What the pool's tree_usage asks psutil of a child (`Child.ps`)."""
 
     rss: int = 10 * MiB
 

@@ -50,23 +50,23 @@ def test_route_hands_each_fact_to_the_part_that_acts_on_it(rig, monkeypatch):
     def record(name):
         return lambda fact, *rest: seen.append((name, fact)) or []
 
-    monkeypatch.setattr(rig.arb.jobs, "job_done", record("jobs.job_done"))
-    monkeypatch.setattr(rig.arb.jobs, "job_started", record("jobs.job_started"))
-    monkeypatch.setattr(rig.arb.jobs, "job_returned", record("jobs.job_returned"))
-    monkeypatch.setattr(rig.arb.jobs, "child_lost", record("jobs.child_lost"))
+    monkeypatch.setattr(rig.arb.settling, "job_done", record("jobs.job_done"))
+    monkeypatch.setattr(rig.arb.claiming, "job_started", record("jobs.job_started"))
+    monkeypatch.setattr(rig.arb.claiming, "job_returned", record("jobs.job_returned"))
+    monkeypatch.setattr(rig.arb.settling, "child_lost", record("jobs.child_lost"))
     monkeypatch.setattr(rig.arb.pool, "recall_job", lambda slot, job_id: seen.append(
         ("pool.recall_job", (slot, job_id))))
     monkeypatch.setattr(rig.arb.pool, "stop_job_child", lambda slot, job_id, reason, now: seen.append(
         ("pool.stop_job_child", (slot, job_id, reason))))
     monkeypatch.setattr(rig.arb, "child_ready", record("arbiter.child_ready"))
     monkeypatch.setattr(rig.arb, "fatal", record("arbiter.fatal"))
-    monkeypatch.setattr(rig.arb, "finish", lambda code: seen.append(("arbiter.finish", code)))
+    monkeypatch.setattr(rig.arb, "exit_with", lambda code: seen.append(("arbiter.exit_with", code)))
     facts = [JobDone(0, "a", True, 1), ChildLost(1, "e", "crashed"), StopJob(2, "b", "timeout"), ChildReady(0, True),
              Fatal(4, "401"), ExitNow(5), JobStarted(0, "c", T0), JobReturned(1, "d"), RecallJob(2, "e")]
     rig.arb.route(facts, T0)
     assert seen == [("jobs.job_done", facts[0]), ("jobs.child_lost", facts[1]),
                     ("pool.stop_job_child", (2, "b", "timeout")), ("arbiter.child_ready", facts[3]),
-                    ("arbiter.fatal", facts[4]), ("arbiter.finish", 5), ("jobs.job_started", facts[6]),
+                    ("arbiter.fatal", facts[4]), ("arbiter.exit_with", 5), ("jobs.job_started", facts[6]),
                     ("jobs.job_returned", facts[7]), ("pool.recall_job", (2, "e"))]
 
 
@@ -105,7 +105,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     rig.arb.feed_children(T0 + 0.1)
     child = rig.child_of("a")
     assert child.chan.sent == [{"t": "job", "job": {"id": "a", "lease_id": "L-a", "queue_name": "q"}}]
-    assert rig.arb.jobs.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
+    assert rig.arb.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
     child.chan.inbox.append({"t": "done", "id": "a", "ok": True, "result": {"v": 1}})
     rig.arb.route(rig.arb.pool.read(child, T0 + 1), T0 + 1)
     rig.arb.feed_children(T0 + 1)
@@ -113,8 +113,8 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     assert body(rig.submit.calls[1][0])["limit"] == 2
     rig.answer("claim", [], now=T0 + 1.05)
     rig.answer("complete", {}, now=T0 + 1.1)
-    assert rig.arb.jobs.drained()
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", pytest.approx(0.9))]
+    assert rig.arb.claiming.drained()
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", pytest.approx(0.9))]
 
 
 def test_no_claim_before_registration(rig):
@@ -127,7 +127,7 @@ def test_a_timeout_stops_the_child_through_the_pool(rig):
     rig.running()
     rig.hold_job("a", timeout_seconds=2)
     child = rig.child_of("a")
-    rig.arb.route(rig.arb.jobs.enforce(T0 + 2), T0 + 2)
+    rig.arb.route(rig.arb.settling.enforce(T0 + 2), T0 + 2)
     assert child.stopping and child.stop_reason == "timeout" and (child.slot, signal.SIGTERM) in rig.signals.sent
     assert "fail" in rig.submit.routes()
 
@@ -188,7 +188,7 @@ def test_a_429_answer_teaches_the_pacer_and_holds_claims(rig, monkeypatch):
     monkeypatch.setattr(rig.arb.http, "done", lambda: [(claim, None, limited)])
     rig.arb.take_answers(T0 + 0.1)
     assert rig.arb.pacer.rate == pytest.approx(9.5) and rig.arb.pacer.rate_limited_answers == 1
-    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.jobs.claim_not_before >= T0 + 2.1
+    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.claiming.claim_not_before >= T0 + 2.1
     assert rig.arb.next_wakeup(T0 + 0.2) <= T0 + 1.2
 
 
@@ -229,7 +229,7 @@ def test_sigterm_drains_says_so_at_once_and_claims_no_more(rig):
     arb.send_heartbeat(T0 + 1)
     call, _, _ = rig.submit.take("worker_heartbeat")
     assert body(call)["status"] == "draining" and body(call)["current_jobs"] == 1
-    arb.jobs.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
+    arb.settling.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
     arb.feed_children(T0 + 2)
     assert "claim" not in rig.submit.routes()  # ... but no more claims
     arb.check_drain(T0 + 2)
@@ -292,7 +292,7 @@ def test_deregister_is_tried_twice_when_the_api_is_unavailable(rig, monkeypatch)
         raise timeout_error()
 
     monkeypatch.setattr(rig.arb.api, "deregister", unavailable)
-    rig.arb.finish(exitcodes.OK)
+    rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1", "w-1"] and not rig.arb.membership.registered
 
 
@@ -305,13 +305,13 @@ def test_deregister_refused_is_not_retried(rig, monkeypatch):
         raise error(404, job_route=False)
 
     monkeypatch.setattr(rig.arb.api, "deregister", refused)
-    rig.arb.finish(exitcodes.OK)
+    rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1"] and rig.arb.exit_code == exitcodes.OK
 
 
-def test_finish_sets_the_exit_code_once(rig):
-    rig.arb.finish(3)
-    rig.arb.finish(0)
+def test_exit_with_sets_the_exit_code_once(rig):
+    rig.arb.exit_with(3)
+    rig.arb.exit_with(0)
     assert rig.arb.exit_code == 3 and rig.shutdowns == 1
 
 
@@ -408,6 +408,7 @@ def test_worker_status_and_snapshot(rig):
     rig.running()
     rig.hold_job("a")
     assert rig.arb.worker_status(T0) == "healthy"
+    rig.arb.publish(T0)  # the loop publishes what /status shows
     snap = rig.arb.snapshot()
     assert snap["registered"] and snap["phase"] == "running" and snap["inflight"] == 1 and snap["procs"] == 2
     assert [c["state"] for c in snap["children"]].count("busy") == 1
@@ -434,7 +435,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
         monkeypatch.setattr(arb, name, step(name))
     monkeypatch.setattr(arb.http, "expire", step("http.expire"))
     monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
-    monkeypatch.setattr(arb.jobs, "enforce", step("jobs.enforce", []))
+    monkeypatch.setattr(arb.settling, "enforce", step("jobs.enforce", []))
     monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
     monkeypatch.setattr(arb.pool, "converge", step("pool.converge"))
     arb.turn()
@@ -446,7 +447,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
 def test_a_turn_that_sets_the_exit_code_touches_nothing_after(rig, monkeypatch):
     arb = rig.arb
     monkeypatch.setattr(arb.sel, "select", lambda timeout: [])
-    monkeypatch.setattr(arb.jobs, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
+    monkeypatch.setattr(arb.settling, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
     converged = []
     monkeypatch.setattr(arb.pool, "converge", lambda now, stopping_for_good: converged.append(now))
     arb.turn()

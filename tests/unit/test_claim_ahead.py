@@ -1,6 +1,6 @@
 """Claim just ahead of need and batched claims, decided on numbers with a fake clock.
 
-First each sizing decision of supervisor.parent.intake on its own, then the real JobFlow in a
+First each sizing decision of supervisor.parent.intake on its own, then the real JobParts in a
 deterministic loop (tests/support/flow_sim.py: fake children, an API one round trip away) to check what
 those decisions add up to: latency hidden for short jobs, nothing hoarded behind long ones. Last, the
 sizing decisions again for two children running 50 ms jobs (`short_need`).
@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.flow_sim import Sim, make_cfg
+from support.job_parts import JobParts
 
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.ops.nullhooks import NullHooks
@@ -31,7 +32,6 @@ from supervisor.parent.intake import (
     next_need_at,
     starts_within,
 )
-from supervisor.parent.jobs import JobFlow
 
 RTT = 0.02
 H = horizon(RTT)  # 2 round trips + 5 ms = 45 ms
@@ -39,7 +39,7 @@ SLACK = NEED_SLACK_RTTS * RTT  # next_need_at wakes this long after the need its
 
 
 def need(**kw) -> Need:
-    fields = dict(idle=0, waiting=0, remaining=(), procs=4, rtt=RTT, run_time=1.0, prefetch=None, rate=None)
+    fields = dict(idle=0, reserved=0, remaining=(), procs=4, rtt=RTT, run_time=1.0, prefetch=None, rate=None)
     fields.update(kw)
     return Need(**fields)
 
@@ -65,17 +65,17 @@ def test_the_horizon_is_two_round_trips_and_a_loop_turn_and_nothing_without_an_e
 
 @pytest.mark.parametrize("idle,waiting,expected", [(3, 0, 3), (3, 1, 2), (1, 2, 0), (0, 0, 0), (500, 0, MAX_CLAIM)])
 def test_prefetch_0_claims_idle_minus_waiting_even_with_a_child_about_to_finish(idle, waiting, expected):
-    n = need(idle=idle, waiting=waiting, remaining=(0.001, 0.0), run_time=0.01, prefetch=0)
+    n = need(idle=idle, reserved=waiting, remaining=(0.001, 0.0), run_time=0.01, prefetch=0)
     assert claim_size(n) == expected
 
 
 @pytest.mark.parametrize("missing", [{"rtt": None}, {"run_time": None}, {"rtt": None, "run_time": None}])
 def test_without_an_estimate_yet_claims_are_idle_minus_waiting(missing):
     # a busy child about to finish would be claimed for with estimates; without them it is not
-    assert claim_size(need(idle=2, waiting=0, remaining=(0.0,), **missing)) == 2
-    assert claim_size(need(idle=2, waiting=1, remaining=(0.0,), **missing)) == 1
-    assert claim_size(need(idle=0, waiting=0, remaining=(0.0,), **missing)) == 0
-    assert claim_size(need(idle=2, waiting=0, remaining=(0.0,), rate=5.0, **missing)) == 2  # no batch either
+    assert claim_size(need(idle=2, reserved=0, remaining=(0.0,), **missing)) == 2
+    assert claim_size(need(idle=2, reserved=1, remaining=(0.0,), **missing)) == 1
+    assert claim_size(need(idle=0, reserved=0, remaining=(0.0,), **missing)) == 0
+    assert claim_size(need(idle=2, reserved=0, remaining=(0.0,), rate=5.0, **missing)) == 2  # no batch either
 
 
 # ------------------------------------------------------------------ long jobs: nothing reserved
@@ -84,14 +84,14 @@ def test_jobs_far_longer_than_the_horizon_reserve_nothing_beyond_the_idle_childr
     busy = (0.5, 1.2, 1.9)  # three children busy with 2 s jobs, none within 45 ms of its end
     assert claim_size(need(run_time=2.0, remaining=busy)) == 0
     assert claim_size(need(run_time=2.0, idle=1, remaining=busy)) == 1
-    assert claim_size(need(run_time=2.0, idle=1, waiting=1, remaining=busy)) == 0
+    assert claim_size(need(run_time=2.0, idle=1, reserved=1, remaining=busy)) == 0
     assert claim_size(need(run_time=2.0, remaining=(math.inf,) * 4)) == 0  # queues without an estimate
 
 
 def test_a_long_job_is_claimed_for_only_once_its_child_is_inside_the_horizon():
     assert claim_size(need(run_time=2.0, remaining=(H + 0.001, 1.0))) == 0
     assert claim_size(need(run_time=2.0, remaining=(H - 0.001, 1.0))) == 1
-    assert claim_size(need(run_time=2.0, remaining=(H - 0.001, 1.0), waiting=1)) == 0
+    assert claim_size(need(run_time=2.0, remaining=(H - 0.001, 1.0), reserved=1)) == 0
 
 
 # ------------------------------------------------------------------ several children: one claim for all
@@ -127,8 +127,8 @@ def test_on_loopback_a_claim_carries_at_least_a_minimum_window_of_starts_but_lon
 
 def test_waiting_jobs_count_against_the_need():
     n = dict(remaining=(0.0, 0.01, 0.02, 0.04))
-    assert claim_size(need(waiting=4, **n)) == 0
-    assert claim_size(need(waiting=3, **n)) == 1
+    assert claim_size(need(reserved=4, **n)) == 0
+    assert claim_size(need(reserved=3, **n)) == 1
 
 
 # ------------------------------------------------------------------ a known rate: bigger batches
@@ -162,8 +162,8 @@ def test_prefetch_n_caps_what_is_left_waiting_after_the_idle_children_take_their
     assert claim_size(need(**n)) > 10
     assert claim_size(need(prefetch=3, **n)) == 3
     assert claim_size(need(prefetch=3, idle=1, **n)) == 4  # the idle child's job plus 3 reserved
-    assert claim_size(need(prefetch=3, waiting=2, **n)) == 1
-    assert claim_size(need(prefetch=3, waiting=3, **n)) == 0
+    assert claim_size(need(prefetch=3, reserved=2, **n)) == 1
+    assert claim_size(need(prefetch=3, reserved=3, **n)) == 0
     assert claim_size(need(prefetch=3, rate=5.0, **n)) == 3  # the rate's batch is capped too
 
 
@@ -190,10 +190,10 @@ def test_with_nothing_waiting_the_next_need_is_when_the_soonest_busy_child_enter
 def test_jobs_waiting_push_the_next_need_past_the_children_they_cover():
     """One job waiting covers the first child to come within the horizon: the loop wakes for the second
     (a turn per job saved when the reserve is enough); with short jobs, a child's later starts count too."""
-    assert next_need_at(50.0, need(remaining=(0.2, 0.5), waiting=1)) == pytest.approx(50.0 + 0.5 - H + SLACK)
-    assert next_need_at(50.0, need(remaining=(0.2, 0.5), waiting=2)) == pytest.approx(50.0 + 0.2 - H + 1.0 + SLACK)
+    assert next_need_at(50.0, need(remaining=(0.2, 0.5), reserved=1)) == pytest.approx(50.0 + 0.5 - H + SLACK)
+    assert next_need_at(50.0, need(remaining=(0.2, 0.5), reserved=2)) == pytest.approx(50.0 + 0.2 - H + 1.0 + SLACK)
     # 10 ms jobs: the child at 0.1 s starts again every 10 ms, long before the other one's entry
-    assert next_need_at(50.0, need(remaining=(0.1, 0.5), waiting=3, run_time=0.01)) == pytest.approx(
+    assert next_need_at(50.0, need(remaining=(0.1, 0.5), reserved=3, run_time=0.01)) == pytest.approx(
         50.0 + 0.1 - H + 0.03 + SLACK)
 
 
@@ -203,7 +203,7 @@ def state_at(n: Need, t: float) -> Need:
     run = n.run_time or 0.0
     ends = sorted(r for r in n.remaining if r != math.inf)
     never = [r for r in n.remaining if r == math.inf]
-    waiting, idle = n.waiting, n.idle
+    waiting, idle = n.reserved, n.idle
     took = min(idle, waiting)
     waiting, idle = waiting - took, idle - took
     ends = sorted(ends + [run] * took)
@@ -214,7 +214,7 @@ def state_at(n: Need, t: float) -> Need:
             ends = sorted(ends + [end + run])
         else:
             idle += 1
-    return replace(n, idle=idle, waiting=waiting, remaining=tuple(never + [e - t for e in ends]))
+    return replace(n, idle=idle, reserved=waiting, remaining=tuple(never + [e - t for e in ends]))
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -226,31 +226,31 @@ def test_the_next_need_is_the_first_moment_claim_size_would_claim(seed):
     checked = 0
     for _ in range(400):
         run = rnd.choice([0.002, 0.01, 0.05, 0.3, 2.0])
-        n = need(idle=rnd.choice([0, 0, 1]), waiting=rnd.randrange(0, 40), run_time=run, procs=4,
+        n = need(idle=rnd.choice([0, 0, 1]), reserved=rnd.randrange(0, 40), run_time=run, procs=4,
                  remaining=tuple(rnd.choice([math.inf, rnd.uniform(0, 3 * run)]) for _ in range(rnd.randrange(1, 5))))
-        if starts_within(H, n) > n.waiting or n.idle > n.waiting:
+        if starts_within(H, n) > n.reserved or n.idle > n.reserved:
             continue  # claimable now: next_deadline wakes at once, not at next_need_at
 
         def claims(t: float, n: Need = n) -> bool:
             later = state_at(n, t)
-            return starts_within(H, later) > later.waiting
+            return starts_within(H, later) > later.reserved
 
         got = next_need_at(0.0, n)
-        got = got if got is None or n.waiting >= MAX_STEPS else got - SLACK  # the need itself
+        got = got if got is None or n.reserved >= MAX_STEPS else got - SLACK  # the need itself
         if all(r == math.inf for r in n.remaining):
             assert got is None
             continue
-        if got is None and n.waiting >= MAX_STEPS:
+        if got is None and n.reserved >= MAX_STEPS:
             continue  # more than MAX_STEPS starts away: the jobs' ends wake the loop first
         assert got is not None and got > 0, (n, got)
         assert not any(claims(got * i / 50) for i in range(50)), (n, got)  # never late
-        if n.waiting < MAX_STEPS:
+        if n.reserved < MAX_STEPS:
             assert claims(got + 1e-9) and not claims(got - 1e-9), (n, got)
             checked += 1
     assert checked > 100
 
 
-# ------------------------------------------------------------------ the JobFlow: one claim on the wire
+# ------------------------------------------------------------------ the JobParts: one claim on the wire
 
 class Submit:
     def __init__(self) -> None:
@@ -263,12 +263,12 @@ class Submit:
         return [c.route for c, _, _ in self.calls]
 
 
-def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[JobFlow, Submit]:
-    """A JobFlow that has measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
+def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[JobParts, Submit]:
+    """A JobParts that has measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
     submit = Submit()
-    flow = JobFlow(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
-    flow.claim_rtt.add(rtt)
-    flow.queues["q"].run_time.add(run)
+    flow = JobParts(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
+    flow.claiming.claim_rtt.add(rtt)
+    flow.claiming.queues["q"].run_time.add(run)
     for slot in range(procs):
         entry = flow.inflight.add({"id": f"r{slot}", "lease_id": f"L{slot}", "queue_name": "q"}, 10.0)
         flow.started(entry, SimpleNamespace(slot=slot, pid=1000 + slot), 10.0)
@@ -293,7 +293,7 @@ def test_children_finishing_together_get_one_claim_and_no_second_one_while_it_is
     call, followup, first = submit.calls[0]
     assert first and claim_limit(call) == 4
     followup.answer([{"id": f"n{i}", "lease_id": f"N{i}", "queue_name": "q"} for i in range(4)], None, at + RTT)
-    assert flow.reserved() == 4
+    assert flow.claiming.reserved() == 4
     for slot in range(4):  # the children finish one after another: the reserve covers them all
         flow.job_done(JobDone(slot, f"r{slot}", True, None), 11.0 + slot * 0.001)
         flow.maybe_claim(11.0 + slot * 0.001, idle=slot + 1, procs=4, may_claim=True)
@@ -345,7 +345,7 @@ def test_sim_long_jobs_hold_no_reserve_so_a_fleet_shares_them():
     assert sim.completed == {f"j{i}" for i in range(12)}
     makespan = max(sim.start_times.values()) + 2.0 - min(sim.start_times.values())
     assert makespan == pytest.approx(12.0, abs=0.3)
-    assert max(sim.flow.reserve_waits) <= H + RTT  # claimed at most a horizon ahead, from the claim's send
+    assert max(sim.flow.claiming.reserve_waits) <= H + RTT  # claimed at most a horizon ahead, from the claim's send
     assert sim.reserve_area / makespan < 0.02 * 2  # under 2% of the children's time has a job reserved
     assert len(sim.claims()) <= 12 + 3  # about one claim per job (the jobs end apart), not a poll loop
 
@@ -393,7 +393,7 @@ def test_sim_a_mispredicted_long_job_keeps_only_what_was_claimed_before_it_overr
     n = need(idle=0, remaining=(0.0,), procs=1, run_time=0.02)
     assert 1 <= sim.max_reserved <= claim_size(n)  # one horizon of starts and one batch, no more
     assert not [s for s in sim.claims() if long_start < s.at < long_start + 3.0]
-    assert max(sim.flow.reserve_waits) > 2.5  # the jobs behind the long one waited...
+    assert max(sim.flow.claiming.reserve_waits) > 2.5  # the jobs behind the long one waited...
     behind = {j for j, t in sim.start_times.items() if t >= long_start + 3.0 and sim.claimed_at[j] <= long_start}
     renewed = {s.job_id for s in sim.sent if s.route == "job_heartbeat"}
     assert renewed == {"j5"} | behind and behind  # ...each renewed (5 s lease, renewed every 1.7 s)
@@ -415,9 +415,9 @@ def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take
     fresh = flow.inflight.add({"id": "f", "lease_id": "Lf", "queue_name": "q"}, 14.0)
     assert flow.enforce(16.5) == []  # the loop did not run from 10 to 16.5: longer than the 6 s lease
     assert flow.inflight.get("w") is None and flow.inflight.get("f") is fresh
-    assert [e.id for _, e in flow.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
+    assert [e.id for _, e in flow.claiming.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]
     renewed = [c for c, _, _ in submit.calls if c.route == "job_heartbeat"]
-    assert all("/w/" not in c.path for c in renewed) and stale.renewing is False
+    assert all("/w/" not in c.path for c in renewed) and stale.renewal.busy is False
 
 
 # ------------------------------------------------------------------ the same decisions: two children, 50 ms jobs
@@ -426,7 +426,7 @@ T0 = 100.0
 
 
 def short_need(**kw) -> Need:
-    fields = dict(idle=0, waiting=0, remaining=(), procs=2, rtt=0.02, run_time=0.05, prefetch=None, rate=None)
+    fields = dict(idle=0, reserved=0, remaining=(), procs=2, rtt=0.02, run_time=0.05, prefetch=None, rate=None)
     fields.update(kw)
     return Need(**fields)
 
@@ -440,10 +440,10 @@ def test_ewma_starts_at_the_first_sample_then_moves_a_fifth_of_the_way():
 
 
 def test_prefetch_0_or_no_measurements_claim_only_for_idle_children_without_a_waiting_job():
-    for n in (short_need(prefetch=0, idle=3, waiting=1), short_need(rtt=None, idle=3, waiting=1),
-              short_need(run_time=None, idle=3, waiting=1)):
+    for n in (short_need(prefetch=0, idle=3, reserved=1), short_need(rtt=None, idle=3, reserved=1),
+              short_need(run_time=None, idle=3, reserved=1)):
         assert claim_size(n) == 2
-    assert claim_size(short_need(prefetch=0, idle=1, waiting=3, remaining=(0.0,))) == 0
+    assert claim_size(short_need(prefetch=0, idle=1, reserved=3, remaining=(0.0,))) == 0
     assert claim_size(short_need(prefetch=0, idle=500)) == MAX_CLAIM
 
 
@@ -461,7 +461,7 @@ def test_prefetch_n_caps_the_reserve():
 
 
 def test_enough_waiting_jobs_mean_no_claim():
-    assert claim_size(short_need(remaining=(0.01,), waiting=1)) == 0
+    assert claim_size(short_need(remaining=(0.01,), reserved=1)) == 0
 
 
 def test_jobs_longer_than_the_horizon_are_never_reserved():

@@ -141,7 +141,7 @@ def test_switch_flags_set_true_over_a_false_variable():
 
 def test_new_fields_defaults():
     cfg = load_config([], BASE)
-    assert cfg.queues == ("q",) and cfg.queue == "q"
+    assert cfg.queues == ("q",) and cfg.first_queue == "q"
     assert cfg.prefetch is None and cfg.max_rps is None
     assert cfg.transport == "rest" and cfg.grpc_url == "grpc.spooled.cloud:443"
     assert cfg.until_empty is False
@@ -151,7 +151,7 @@ def test_new_fields_defaults():
 
 def test_several_queues_in_priority_order():
     cfg = load_config(["--queue", "emails, notifications,reports"], BASE)
-    assert cfg.queues == ("emails", "notifications", "reports") and cfg.queue == "emails"
+    assert cfg.queues == ("emails", "notifications", "reports") and cfg.first_queue == "emails"
     assert "listed twice" in one_line_error(["--queue", "a,b,a"], BASE)
     assert "queue name" in one_line_error(["--queue", "a,,b"], BASE)
     assert one_line_error([], {**BASE, "SPOOLED_QUEUE": "a,-b"}).startswith("SPOOLED_QUEUE ")

@@ -48,7 +48,7 @@ until-empty = true
 share-api-key = false
 """)
     cfg = load_config(["--config", path], BASE)
-    assert cfg.queues == ("images", "thumbs") and cfg.queue == "images"
+    assert cfg.queues == ("images", "thumbs") and cfg.first_queue == "images"
     assert (cfg.procs, cfg.lease, cfg.drain_timeout, cfg.max_memory_per_child_mb) == (3, 60, 12.5, 512)
     assert (cfg.log_format, cfg.log_level, cfg.prefetch, cfg.max_rps) == ("text", "DEBUG", None, 40.0)
     assert cfg.until_empty is True and cfg.share_api_key is False

@@ -34,7 +34,7 @@ def test_config_defaults_and_one_line_errors(monkeypatch):
     )
     assert insecure.api_url == "http://10.0.0.1"
     from_env = load_config([], {**ENV, "SPOOLED_QUEUE": "q2", "SPOOLED_HANDLER": "m:g", "SPOOLED_PROCS": "3"})
-    assert (from_env.queue, from_env.handler, from_env.procs) == ("q2", "m:g", 3)
+    assert (from_env.first_queue, from_env.handler, from_env.procs) == ("q2", "m:g", 3)
 
 
 def test_key_from_file_and_systemd_credentials(tmp_path):

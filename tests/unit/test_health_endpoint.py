@@ -51,7 +51,7 @@ def daemon():
 @pytest.fixture
 def server(daemon):
     metrics = DaemonMetrics(queues=["emails"])
-    metrics.job_finished("emails", "completed", 0.5)
+    metrics.job_settled("emails", "completed", 0.5)
     srv = HealthServer("127.0.0.1", 0, daemon.snapshot, metrics, max_loop_age=10, max_api_silence=60).start()
     yield srv
     srv.stop()

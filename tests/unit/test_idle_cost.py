@@ -1,4 +1,4 @@
-"""What an idle daemon costs the API beyond its heartbeats, in-process on a fake clock: the real `JobFlow`
+"""What an idle daemon costs the API beyond its heartbeats, in-process on a fake clock: the real `JobParts`
 and `Wake` against a fake API one round trip away (tests/support/flow_sim.py), for an hour of fake time on an empty
 queue. Listening to the events stream, its claims (the safety poll) plus the stream's connects stay at
 most 0.1 requests/s; polling alone, the empty-queue back-off costs twice that."""
@@ -9,8 +9,10 @@ import math
 
 import pytest
 from support.flow_sim import Sim
+from support.job_parts import JobParts
 
 from supervisor.devserver.realtime import MAX_STREAM
+from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.wake import REOPEN_CAP, Wake
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +28,7 @@ class IdleDaemon(Sim):
     def __init__(self, listen: bool, poll_interval: float, **kw):
         super().__init__(jobs=0, **kw)
         self.cfg = type(self.cfg)(**{**self.cfg.__dict__, "poll_interval": poll_interval})
-        self.flow.cfg = self.cfg
+        self.flow = JobParts(self.cfg, self.flow.claiming.api, self._submit, NullHooks())
         self.wake = Wake(listen, ["q"], open_timeout=10.0)
         self.live_at = math.inf  # when the stream being opened answers
         self.ends_at = math.inf  # when the server ends the live stream

@@ -1,4 +1,5 @@
-"""In-process tests of the job flow's decisions: claims, reports, renewals, timeouts, lost children.
+"""In-process tests of claiming's and settling's decisions (wired as the arbiter wires them,
+tests/support/job_parts.py): claims, reports, renewals, timeouts, lost children.
 
 A fake clock (plain floats passed as `now`) and a recording `submit`; answers are fed to each call's
 followup the way the arbiter's `take_answers` would.
@@ -7,13 +8,13 @@ followup the way the arbiter's `take_answers` would.
 from __future__ import annotations
 
 import pytest
+from support.job_parts import JobParts
 from support.parent_fakes import Hooks, Submit, body, error, fake_child, make_api, make_cfg, timeout_error
 
 from supervisor import exitcodes
 from supervisor.client import rest as api
 from supervisor.parent.facts import ChildLost, Fatal, JobDone, StopJob
 from supervisor.parent.intake import HISTORY_MIN_JOBS
-from supervisor.parent.jobs import JobFlow
 
 T0 = 100.0
 
@@ -23,14 +24,15 @@ class Rig:
         self.submit = Submit()
         self.hooks = Hooks()
         self.cfg = make_cfg(**cfg)
-        self.flow = JobFlow(self.cfg, make_api(), self.submit, self.hooks)
+        self.flow = JobParts(self.cfg, make_api(), self.submit, self.hooks)
 
     def claim(self, now: float, idle: int, jobs: list, answer_at: float | None = None) -> list:
         """Send a claim for `idle` children and answer it with `jobs`; return the answer's facts."""
         self.maybe_claim(now, idle)
         _, followup, first = self.submit.take("claim")
         assert first, "claims go to the front of the HTTP queue"
-        return followup.answer(jobs, None, answer_at if answer_at is not None else now)
+        at = answer_at if answer_at is not None else now
+        return self.flow.route(followup.answer(jobs, None, at), at)
 
     def maybe_claim(self, now: float, idle: int, may_claim: bool = True, **kwargs) -> None:
         self.flow.maybe_claim(now, idle, self.cfg.procs, may_claim, **kwargs)
@@ -41,7 +43,7 @@ class Rig:
     @property
     def intake(self):
         """The claim timing of queue q (the only queue)."""
-        return self.flow.queues["q"]
+        return self.flow.claiming.queues["q"]
 
     def run(self, job_id: str = "a", slot: int = 0, now: float = T0, **fields) -> None:
         """Claim `job_id` at `now` and start it on `slot` at once."""
@@ -51,7 +53,7 @@ class Rig:
 
     def finish(self, job_id: str = "a", slot: int = 0, ok: bool = True, value=None, now: float = T0 + 1):
         """The child on `slot` answers for `job_id`; return the report call sent for it."""
-        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) == []
+        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) is None
         self.flow.send_reports()
         return self.submit.take("complete" if ok else "fail")
 
@@ -81,10 +83,10 @@ def test_claim_asks_for_idle_children_minus_waiting_jobs(rig):
 def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     rig.maybe_claim(T0, 2, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert rig.flow.claim_inflight
+    assert rig.flow.claiming.claim.busy
     assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
-    assert not rig.flow.claim_inflight
-    assert [e.id for e in rig.flow.inflight.waiting()] == ["a", "b"]
+    assert not rig.flow.claiming.claim.busy
+    assert [e.id for e in rig.flow.inflight.unassigned()] == ["a", "b"]
     entry = rig.entry("a")
     assert entry.claimed_at == T0 and entry.lease_until == T0 + 30  # the lease counts from when the claim left
     assert rig.intake.next_claim_at == T0 + 0.3 and rig.intake.empty_claims == 0
@@ -141,11 +143,11 @@ def test_429_with_retry_after_holds_claims_even_when_a_child_frees_up(rig):
     rig.maybe_claim(T0 + 1, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=7), T0 + 1) == []
-    assert rig.flow.claim_not_before >= T0 + 1 + 7
+    assert rig.flow.claiming.claim_not_before >= T0 + 1 + 7
     rig.finish("a", now=T0 + 2)  # a freed child claims at once ... but not through a 429's wait
     rig.maybe_claim(T0 + 7.9, 1, may_claim=True)
     assert rig.submit.routes() == []
-    rig.maybe_claim(rig.flow.claim_not_before, 1, may_claim=True)
+    rig.maybe_claim(rig.flow.claiming.claim_not_before, 1, may_claim=True)
     assert rig.submit.routes() == ["claim"]
 
 
@@ -156,8 +158,8 @@ def test_429_without_retry_after_backs_off_growing(rig):
         rig.maybe_claim(now, 1, may_claim=True)
         _, followup, _ = rig.submit.take("claim")
         assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED"), now) == []
-        waits.append(rig.flow.claim_not_before - now)
-    assert rig.flow.claim_failures == 4
+        waits.append(rig.flow.claiming.claim_not_before - now)
+    assert rig.flow.claiming.claim_failures == 4
     for n, wait in enumerate(waits, start=1):
         top = min(5.0, 0.2 * 2 ** (n - 1))
         assert top / 2 <= wait <= top
@@ -166,16 +168,16 @@ def test_429_without_retry_after_backs_off_growing(rig):
 def test_claim_failure_on_5xx_backs_off_and_success_resets(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     rig.submit.take("claim")[1].answer(None, error(503), T0)
-    assert rig.flow.claim_failures == 1 and rig.flow.claim_not_before > T0
-    rig.claim(rig.flow.claim_not_before, 1, [job("a")])
-    assert rig.flow.claim_failures == 0 and rig.flow.claim_not_before == 0.0
+    assert rig.flow.claiming.claim_failures == 1 and rig.flow.claiming.claim_not_before > T0
+    rig.claim(rig.flow.claiming.claim_not_before, 1, [job("a")])
+    assert rig.flow.claiming.claim_failures == 0 and rig.flow.claiming.claim_not_before == 0.0
 
 
 def test_claim_401_is_fatal(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     facts = rig.submit.take("claim")[1].answer(None, error(401, "UNAUTHORIZED"), T0)
     assert len(facts) == 1 and isinstance(facts[0], Fatal) and facts[0].code == exitcodes.AUTH
-    assert not rig.flow.claim_inflight
+    assert not rig.flow.claiming.claim.busy
 
 
 def test_malformed_jobs_are_ignored_and_the_others_kept(rig):
@@ -189,11 +191,11 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     old = rig.entry("a")
     facts = rig.claim(T0 + 40, 1, [dict(job("a"), lease_id="L-new")])
     assert facts == [StopJob(1, "a", "lease_lost")]
-    assert ("job_finished", "q", "lease_lost", None) in rig.hooks.events
+    assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
     # whatever the old copy's child answers is void
-    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) == [] and rig.flow.unsent == []
+    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) is None and rig.flow.settling.unsent == []
 
 
 def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
@@ -205,8 +207,8 @@ def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
 def test_recover_claim_frees_the_claim_and_waits_a_second(rig):
     rig.maybe_claim(T0, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert followup.recover(T0 + 2) == []
-    assert not rig.flow.claim_inflight and rig.flow.claim_not_before == T0 + 3
+    assert followup.recover(T0 + 2) is None
+    assert not rig.flow.claiming.claim.busy and rig.flow.claiming.claim_not_before == T0 + 3
 
 
 def test_reports_go_out_while_a_claim_is_on_the_wire(rig):
@@ -249,8 +251,8 @@ def test_report_ok_settles_the_job(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 2.5)
     assert followup.answer({}, None, T0 + 2.6) == []
-    assert rig.entry("a") is None and rig.flow.drained()
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "completed", 2.5)]
+    assert rig.entry("a") is None and rig.flow.claiming.drained()
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", 2.5)]
 
 
 def test_report_of_a_failure_is_labelled_failed(rig):
@@ -258,7 +260,7 @@ def test_report_of_a_failure_is_labelled_failed(rig):
     call, followup, _ = rig.finish("a", ok=False, value="ValueError: x", now=T0 + 1)
     assert body(call)["error"] == "ValueError: x"
     followup.answer({}, None, T0 + 1.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "failed", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
 
 @pytest.mark.parametrize("answer", [error(409, "LEASE_EXPIRED"), error(409, "CONFLICT"), error(404, "NOT_FOUND")],
@@ -269,7 +271,7 @@ def test_report_refused_because_the_job_is_no_longer_ours_drops_it(rig, answer):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     assert followup.answer(None, answer, T0 + 1.1) == []
     assert rig.entry("a") is None
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "lease_lost", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "lease_lost", 1.0)]
     assert rig.flow.enforce(T0 + 100) == [] and rig.submit.calls == []  # nothing resent
 
 
@@ -279,7 +281,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     assert followup.answer(None, answer, T0 + 2) == []
     entry = rig.entry("a")
-    assert entry is not None and not entry.reporting
+    assert entry is not None and not entry.report.busy
     due = entry.report_due_at
     assert T0 + 2 + 0.1 <= due <= T0 + 2 + 0.2
     assert rig.deadline(T0 + 2) <= due
@@ -287,7 +289,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     assert rig.submit.routes() == []
     rig.flow.enforce(due)
     call, followup, _ = rig.submit.take("complete")
-    assert entry.report_attempts == 2 and entry.reporting
+    assert entry.report_attempts == 2 and entry.report.busy
     rig.flow.enforce(due + 5)
     assert "complete" not in rig.submit.routes()  # one report on the wire at a time
     followup.answer({}, None, due + 0.1)
@@ -329,7 +331,7 @@ def test_result_rejected_with_422_becomes_a_failure_report(rig):
     assert body(call)["error"].startswith("ResultRejected: the API refused this job's result")
     followup.answer({}, None, T0 + 1.2)
     assert rig.entry("a") is None
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "failed", 1.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
 
 def test_failure_report_rejected_is_dropped(rig):
@@ -350,9 +352,9 @@ def test_report_401_is_fatal(rig):
 def test_recover_report_resends_a_second_later(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    assert followup.recover(T0 + 2) == []
+    assert followup.recover(T0 + 2) is None
     entry = rig.entry("a")
-    assert not entry.reporting and entry.report_due_at == T0 + 3
+    assert not entry.report.busy and entry.report_due_at == T0 + 3
     rig.flow.enforce(T0 + 3)
     assert rig.submit.routes() == ["complete"]
 
@@ -365,7 +367,7 @@ def test_answers_for_an_entry_no_longer_held_are_ignored(rig):
     before = list(rig.hooks.events)
     for answer in (None, error(503), error(401), error(422)):
         assert followup.answer(None, answer, T0 + 3) == []
-    assert followup.recover(T0 + 3) == []
+    assert followup.recover(T0 + 3) is None
     assert rig.entry("a") is new and new.report_due_at is None and rig.hooks.events == before
     assert rig.submit.calls == []
 
@@ -390,7 +392,7 @@ def test_renewal_ok_moves_the_lease_from_when_it_was_sent(rig):
     _, followup, _ = rig.submit.take("job_heartbeat")
     assert followup.answer({}, None, T0 + 12) == []
     entry = rig.entry("a")
-    assert entry.lease_until == T0 + 40 and entry.renew_at == T0 + 20 and not entry.renewing
+    assert entry.lease_until == T0 + 40 and entry.renew_at == T0 + 20 and not entry.renewal.busy
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "ok")]
 
 
@@ -402,7 +404,7 @@ def test_renewal_lease_lost_stops_the_child_and_drops_the_job(rig, answer):
     assert followup.answer(None, answer, T0 + 10.1) == [StopJob(3, "a", "lease_lost")]
     assert rig.entry("a") is None
     assert ("lease_renewed", "lost") in rig.hooks.events
-    assert ("job_finished", "q", "lease_lost", None) in rig.hooks.events
+    assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
 
 
 def test_renewal_error_retries_soon(rig):
@@ -411,7 +413,7 @@ def test_renewal_error_retries_soon(rig):
     _, followup, _ = rig.submit.take("job_heartbeat")
     assert followup.answer(None, error(503), T0 + 11) == []
     entry = rig.entry("a")
-    assert not entry.renewing and T0 + 11 + 1.0 <= entry.renew_at <= T0 + 11 + 2.0
+    assert not entry.renewal.busy and T0 + 11 + 1.0 <= entry.renew_at <= T0 + 11 + 2.0
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "error")]
     rig.flow.enforce(entry.renew_at)
     assert rig.submit.routes() == ["job_heartbeat"]
@@ -425,7 +427,7 @@ def test_renewal_refused_once_the_outcome_is_known_is_no_lost_lease(rig):
     assert renew.answer(None, error(409, "CONFLICT"), T0 + 10.1) == []
     entry = rig.entry("a")
     assert entry is not None and entry.renew_at == T0 + 12.1
-    assert rig.hooks.named("lease_renewed") == [] and rig.hooks.named("job_finished") == []
+    assert rig.hooks.named("lease_renewed") == [] and rig.hooks.named("job_settled") == []
 
 
 def test_renewal_401_is_fatal(rig):
@@ -441,8 +443,8 @@ def test_recover_renew_retries_a_second_later(rig):
     rig.run("a", slot=0)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    assert followup.recover(T0 + 11) == []
-    assert not rig.entry("a").renewing and rig.entry("a").renew_at == T0 + 12
+    assert followup.recover(T0 + 11) is None
+    assert not rig.entry("a").renewal.busy and rig.entry("a").renew_at == T0 + 12
 
 
 def test_renewal_answer_for_a_settled_job_is_ignored(rig):
@@ -468,7 +470,7 @@ def test_timeout_stops_the_child_and_fails_the_job(rig):
     assert "pid 4242" in body(call)["error"]
     assert rig.flow.enforce(T0 + 9) == []  # once
     followup.answer({}, None, T0 + 8.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "timed_out", 5.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "timed_out", 5.0)]
 
 
 def test_a_job_without_timeout_never_times_out(rig):
@@ -483,26 +485,26 @@ def test_child_lost_fails_its_job_with_the_error_and_label(rig):
     rig.run("a", slot=1)
     rig.run("b", slot=0)
     lost = ChildLost(1, "ChildProcessDied: the child process running this job (pid 7) killed by SIGKILL", "crashed")
-    assert rig.flow.child_lost(lost, T0 + 2) == []
+    assert rig.flow.child_lost(lost, T0 + 2) is None
     call, followup, _ = rig.submit.take("fail")
     assert call.path.endswith("/jobs/a/fail") and body(call)["error"] == lost.error
     followup.answer({}, None, T0 + 2.1)
-    assert rig.hooks.named("job_finished") == [("job_finished", "q", "crashed", 2.0)]
+    assert rig.hooks.named("job_settled") == [("job_settled", "q", "crashed", 2.0)]
     assert rig.entry("b").slot == 0  # the other child's job is untouched
 
 
 def test_child_lost_on_a_slot_without_a_job_does_nothing(rig):
     rig.run("a", slot=0)
-    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) == []
+    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) is None
     assert rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
 def test_job_done_for_a_job_no_longer_held_is_dropped(rig):
     rig.run("a", slot=0)
-    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) == []
-    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) == []  # not the child that runs it
+    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) is None
+    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) is None  # not the child that runs it
     rig.flow.send_reports()
-    assert rig.flow.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
+    assert rig.flow.settling.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
 def test_job_done_frees_the_claim_back_off(rig):
@@ -516,7 +518,7 @@ def test_job_done_frees_the_claim_back_off(rig):
 def test_assignments_pair_idle_children_with_waiting_jobs_oldest_first(rig):
     rig.claim(T0, 3, [job("a"), job("b"), job("c")])
     children = [fake_child(0), fake_child(1)]
-    pairs = rig.flow.assignments(children)
+    pairs = rig.flow.claiming.assignments(children)
     assert [(c.slot, e.id) for c, e in pairs] == [(0, "a"), (1, "b")]
 
 
@@ -536,7 +538,7 @@ def test_an_outcome_not_yet_sent_is_due_at_once(rig):
 def test_claim_ahead_measures_the_round_trip_and_claims_for_a_child_about_to_finish():
     rig = Rig(prefetch=None)  # auto
     rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
-    assert rig.flow.claim_rtt.value == pytest.approx(0.02)
+    assert rig.flow.claiming.claim_rtt.value == pytest.approx(0.02)
     for n, job_id in enumerate(("a", "b")):
         rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)  # ran 50 ms; "b" is due about now too
@@ -580,7 +582,7 @@ def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
 
 
 def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig = Rig(queues=("hi", "lo"))
     rig.maybe_claim(T0, 1)
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"
@@ -589,7 +591,7 @@ def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "lo"
     followup.answer([dict(job("x"), queue_name="lo")], None, T0)
-    rig.maybe_claim(rig.flow.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
+    rig.maybe_claim(rig.flow.claiming.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
     call, _, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"  # back to the first queue once its back-off ends
 
@@ -601,22 +603,22 @@ def test_no_claim_while_every_queue_backs_off(rig):
 
 
 def test_exhausted_once_every_queue_came_back_short_and_nothing_is_held():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
-    assert not rig.flow.exhausted()
+    rig = Rig(queues=("hi", "lo"))
+    assert not rig.flow.claiming.exhausted()
     rig.maybe_claim(T0, 1)
     rig.submit.take("claim")[1].answer([], None, T0)
-    assert not rig.flow.exhausted()  # "lo" not asked yet
+    assert not rig.flow.claiming.exhausted()  # "lo" not asked yet
     rig.maybe_claim(T0, 1)
     rig.submit.take("claim")[1].answer([dict(job("x"), queue_name="lo")], None, T0)
-    assert not rig.flow.exhausted()  # a job is held (and lo gave all it was asked)
-    assert rig.flow.reserved() == 1
+    assert not rig.flow.claiming.exhausted()  # a job is held (and lo gave all it was asked)
+    assert rig.flow.claiming.reserved() == 1
 
 
 def test_reserve_waits_are_measured_from_claim_to_start(rig):
-    assert rig.flow.reserve_wait_ms() is None
+    assert rig.flow.claiming.reserve_wait_ms() is None
     rig.claim(T0, 1, [job("a")])
     rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.25)
-    assert rig.flow.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
+    assert rig.flow.claiming.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
 
 
 def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
@@ -633,10 +635,10 @@ def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
 
 
 def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
-    rig = Rig(queue="hi", queues=("hi", "lo"))
+    rig = Rig(queues=("hi", "lo"))
     rig.claim(T0, 2, [job("a", queue_name="hi"), job("b", queue_name="lo")], answer_at=T0 + 0.02)
     rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.02)
-    counts = rig.flow.by_queue()
+    counts = rig.flow.claiming.by_queue()
     assert list(counts) == ["hi", "lo"]
     assert counts["hi"] == {"inflight": 1, "reserved": 0, "empty": False}
     assert counts["lo"] == {"inflight": 1, "reserved": 1, "empty": False}
@@ -655,8 +657,8 @@ def test_a_queues_statistics_are_asked_on_the_first_turn_before_the_daemon_may_c
     assert rig.submit.routes() == []
     rig.maybe_claim(T0 + 0.01, 2, may_claim=False)
     assert rig.submit.routes() == []  # asked once
-    assert followup.answer(short_history(), None, T0 + 0.05) == []
-    assert rig.intake.run_time.value == pytest.approx(0.02) and rig.flow.claim_rtt.value == pytest.approx(0.05)
+    assert followup.answer(short_history(), None, T0 + 0.05) is None
+    assert rig.intake.run_time.value == pytest.approx(0.02) and rig.flow.claiming.claim_rtt.value == pytest.approx(0.05)
 
 
 def test_with_a_short_history_the_first_claim_reaches_past_the_idle_children():
@@ -673,7 +675,7 @@ def test_without_a_short_history_the_first_claim_is_for_the_idle_children_only(s
     rig = Rig(prefetch=None)
     rig.maybe_claim(T0, 2, may_claim=False)
     rig.submit.take("queue_stats")[1].answer(stats, None, T0 + 0.05)
-    assert rig.intake.run_time.value is None and rig.flow.claim_rtt.value is None
+    assert rig.intake.run_time.value is None and rig.flow.claiming.claim_rtt.value is None
     rig.maybe_claim(T0 + 0.1, 2)
     assert body(rig.submit.take("claim")[0])["limit"] == 2
 

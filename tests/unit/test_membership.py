@@ -26,7 +26,8 @@ class Rig:
         assert followup.answer({"heartbeat_interval_secs": interval}, None, now) == [Registered()]
 
     def heartbeat(self, now: float):
-        self.members.send_heartbeat(now, 1, "healthy", {"procs": 2}, 1.0, 2.0)
+        self.members.send_heartbeat(now, current_jobs=1, status="healthy", procs=2, busy=1, children=2, cpu=1.0,
+                                   mem=2.0)
         return self.submit.take("worker_heartbeat")
 
 
@@ -123,8 +124,8 @@ def test_a_successful_registration_resets_the_back_off(rig):
 
 def test_recover_register_tries_again_in_5_s(rig):
     _, followup, _ = rig.register()
-    assert followup.recover(T0) == []
-    assert not rig.members.register_inflight and rig.members.register_at == T0 + 5
+    assert followup.recover(T0) is None
+    assert not rig.members.registration.busy and rig.members.register_at == T0 + 5
 
 
 # ------------------------------------------------------------------ heartbeats
@@ -139,6 +140,19 @@ def test_heartbeat_is_sent_on_the_interval_one_at_a_time(rig):
     assert rig.members.next_deadline() is None
     assert followup.answer({}, None, T0 + 10.1) == []
     assert rig.members.heartbeat_due(T0 + 20) and not rig.members.heartbeat_due(T0 + 19.9)
+
+
+def test_the_heartbeat_metadata_is_built_by_membership_from_the_values_the_loop_passes(rig):
+    rig.registered(T0, interval=10)
+    reading = {"used_bytes": 5, "limit_bytes": 10, "source": "cgroup2", "pressure": "ok"}
+    rig.members.send_heartbeat(T0 + 10, current_jobs=3, status="draining", procs=4, busy=2, children=3, cpu=7.5,
+                               mem=1.25, memory=reading)
+    sent = body(rig.submit.take("worker_heartbeat")[0])
+    meta = sent["metadata"]
+    assert sent["current_jobs"] == 3 and sent["status"] == "draining" and sent["memory_percent"] == 1.25
+    assert (meta["procs"], meta["busy"], meta["children"], meta["cpu_percent"]) == (4, 2, 3, 7.5)
+    assert meta["memory"] == reading and meta["heartbeat_interval"] == 10.0 and meta["queues"] == ["q"]
+    assert meta["instance_id"] == rig.members.identity["instance_id"]  # who the daemon is: membership's own
 
 
 def test_heartbeat_404_registers_again(rig):
@@ -173,7 +187,7 @@ def test_heartbeat_401_is_fatal(rig):
 def test_recover_heartbeat_frees_the_next_one(rig):
     rig.registered(T0)
     _, followup, _ = rig.heartbeat(T0 + 10)
-    assert followup.recover(T0 + 10.1) == []
+    assert followup.recover(T0 + 10.1) is None
     assert rig.members.heartbeat_due(T0 + 20)
 
 
@@ -278,4 +292,4 @@ def test_recover_row_allows_the_next_check(rig):
     followup.answer(None, None, T0 + 10)
     rig.members.check_row_if_due(T0 + 15)
     _, followup, _ = rig.submit.take("get_worker")
-    assert followup.recover(T0 + 15.1) == [] and not rig.members.row_check_inflight
+    assert followup.recover(T0 + 15.1) is None and not rig.members.row_check.busy

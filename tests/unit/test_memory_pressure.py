@@ -62,7 +62,7 @@ def test_above_max_sheds_the_newest_running_job_one_at_a_time():
     assert p.observe(reading(960), T0 + SHED_PAUSE / 2, reserved=0, running=left) == []  # a pause to re-measure
     facts = p.observe(reading(955), T0 + SHED_PAUSE, reserved=0, running=left)
     assert [(f.slot, f.job_id) for f in facts if isinstance(f, ShedJob)] == [(2, "middle")]
-    assert p.status()["shed_jobs"] == 2
+    assert p.stats()["shed_jobs"] == 2
 
 
 def test_between_high_and_max_nothing_running_is_shed():
@@ -86,7 +86,7 @@ def test_thresholds_in_mib_and_the_status_figures():
     p = MemoryPressure(Level(300, False), Level(400, False))
     assert p.thresholds(LIMIT) == (300 * MiB, 400 * MiB, 250 * MiB)
     p.observe(reading(350), T0, reserved=0, running=[])
-    status = p.status()
+    status = p.stats()
     assert status["state"] == "high" and status["paused"] and status["used_bytes"] == 350 * MiB
     assert status["limit_bytes"] == LIMIT and status["high"] == "300 MiB" and status["source"] == "cgroup2"
 
@@ -130,7 +130,7 @@ def rig(monkeypatch):
 
 def check(rig, now: float) -> None:
     rig.arb.check_memory(now)
-    rig.arb.jobs.send_reports()
+    rig.arb.settling.send_reports()
 
 
 def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_renews_and_reports(rig):
@@ -140,7 +140,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     jobs = [{"id": j, "lease_id": f"L-{j}", "queue_name": "q"} for j in ("a", "b", "c")]
     rig.answer("claim", jobs, now=T0)  # two children, three jobs: one is reserved
     arb.feed_children(T0)
-    assert arb.jobs.reserved() == 1 and arb.pool.busy_count() == 2
+    assert arb.claiming.reserved() == 1 and arb.pool.busy_count() == 2
     rig.submit.calls.clear()
 
     rig.source.used = 900
@@ -148,7 +148,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     assert arb.pressure.paused and not arb.may_claim()
     call, _, _ = rig.submit.take("fail")  # the reserved job, handed back
     assert body(call)["error"].startswith("MemoryPressure: handed back unstarted") and "/c/" in call.path
-    assert arb.jobs.reserved() == 0
+    assert arb.claiming.reserved() == 0
 
     child = rig.child_of("a")
     child.chan.inbox.append({"t": "done", "id": "a", "ok": True, "result": 1})
@@ -156,7 +156,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     arb.feed_children(T0 + 2)  # a child is free, but nothing is claimed or started while paused
     assert rig.submit.routes() == ["complete"]  # the report goes out
     rig.submit.calls.clear()
-    arb.route(arb.jobs.enforce(T0 + 10), T0 + 10)  # a third of the lease: what is held is renewed
+    arb.route(arb.settling.enforce(T0 + 10), T0 + 10)  # a third of the lease: what is held is renewed
     renewed = [c.path for c, _, _ in rig.submit.calls if c.route == "job_heartbeat"]
     assert set(rig.submit.routes()) == {"job_heartbeat"} and any("/b/" in path for path in renewed)
 
@@ -181,6 +181,7 @@ def test_above_max_the_newest_job_is_failed_and_its_child_stopped(rig):
     assert newest.stopping and newest.stop_reason == "memory_pressure"
     assert (newest.slot, signal.SIGTERM) in rig.signals.sent
     assert not rig.child_of("a").stopping  # one at a time
+    arb.publish(T0 + 2)  # the loop publishes what /status shows
     snap = arb.snapshot()
     assert snap["memory"]["state"] == "max" and snap["memory"]["used_bytes"] == 990 * MiB
 

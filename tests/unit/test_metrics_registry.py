@@ -101,9 +101,9 @@ def test_histogram_buckets_sum_count():
 
 def test_daemon_metrics_names_and_preset_series():
     m = DaemonMetrics(queues=["emails"])
-    m.job_finished("emails", "completed", 0.25)
-    m.job_finished("emails", "timed_out", 3600.0)
-    m.job_finished("emails", "lease_lost", None)
+    m.job_settled("emails", "completed", 0.25)
+    m.job_settled("emails", "timed_out", 3600.0)
+    m.job_settled("emails", "lease_lost", None)
     m.inflight.set(3)
     m.children_alive.set(4)
     m.child_restarts.inc(reason="max_memory")
@@ -136,7 +136,7 @@ def test_daemon_metrics_names_and_preset_series():
     assert val(samples, p + "claims_total") == 1
     assert val(samples, p + "jobs_claimed_total") == 3
     with pytest.raises(ValueError):
-        m.job_finished("emails", "exploded", 1.0)
+        m.job_settled("emails", "exploded", 1.0)
 
 
 def test_render_while_updating_from_another_thread():
@@ -147,7 +147,7 @@ def test_render_while_updating_from_another_thread():
     def writer():
         i = 0
         while not stop.is_set():
-            m.job_finished("q", "completed", (i % 100) / 10)
+            m.job_settled("q", "completed", (i % 100) / 10)
             m.api_request(f"route-{i % 50}", 200, 0.01)
             i += 1
 

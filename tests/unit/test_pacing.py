@@ -1,5 +1,5 @@
 """Pacing under a request budget, decided with a fake clock: the real Pacer alone, the real
-JobFlow behind it (a 429's Retry-After against a due renewal), and both in the deterministic loop of
+JobParts behind it (a 429's Retry-After against a due renewal), and both in the deterministic loop of
 tests/support/flow_sim.py against a fake API with the dev server's token bucket. Last, the Pacer alone
 again from its first call at T1: priorities, tokens, and what a 429 teaches it.
 """
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 from support.flow_sim import Sim, make_cfg
+from support.job_parts import JobParts
 
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.ops.nullhooks import NullHooks
-from supervisor.parent.jobs import JobFlow
 from supervisor.parent.pacer import CREEP_BY, CREEP_EVERY, PLAN_MARGIN, SHARED_BACKOFF, Pacer
 
 T0 = 500.0
@@ -195,12 +195,12 @@ def test_when_tokens_are_short_every_wake_up_the_pacer_offers_is_in_the_future()
     assert pacer.claim_ready_at(T0 + 0.25) == pytest.approx(T0 + 0.75)
 
 
-def make_flow(**cfg) -> tuple[JobFlow, Pacer, Wire, dict]:
-    """A real JobFlow behind a real Pacer on a fake clock (`clock["now"]`), as the arbiter wires them."""
+def make_flow(**cfg) -> tuple[JobParts, Pacer, Wire, dict]:
+    """A real JobParts behind a real Pacer on a fake clock (`clock["now"]`), as the arbiter wires them."""
     wire = Wire()
     pacer = Pacer(wire, make_cfg(**cfg).max_rps)
     clock = {"now": T0}
-    flow = JobFlow(make_cfg(**cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
+    flow = JobParts(make_cfg(**cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
                    lambda c, f, first=False: pacer.submit(c, f, first, clock["now"]), NullHooks())
     return flow, pacer, wire, clock
 
@@ -219,7 +219,7 @@ def test_the_claim_wake_up_waits_for_the_budget_instead_of_spinning():
     assert wire.routes()[-1] == "claim"
 
 
-# ------------------------------------------------------------------ the JobFlow: Retry-After vs a due renewal
+# ------------------------------------------------------------------ the JobParts: Retry-After vs a due renewal
 
 def rate_limited_error(retry_after: int, limit: float) -> api.ApiError:
     body = {"code": "RATE_LIMIT_EXCEEDED", "message": "Rate limit exceeded", "limit": limit,
