@@ -205,7 +205,10 @@ def hold_behind(server: DevServer, d, port: int, long_payload: dict, next_payloa
     """A long job on the only child and the next job held by that child; both ids."""
     long_id = server.enqueue(d.queue, long_payload)
     next_id = server.enqueue(d.queue, next_payload, **fields)
-    wait_until(lambda: status(port)["held"] == 1, timeout=10, what="a job held by the busy child")
+    # Both: a held count alone may still be an earlier job's (the long one, held for a moment behind the last
+    # one before it) while the next job is not even claimed yet.
+    wait_until(lambda: status(port)["held"] == 1 and server.job(next_id)["status"] == "processing", timeout=10,
+               what="the next job held by the busy child")
     return long_id, next_id
 
 
