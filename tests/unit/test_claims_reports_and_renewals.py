@@ -1,4 +1,4 @@
-"""In-process tests of the job's parts (Claiming, Settling): claims, reports, renewals, timeouts, lost children.
+"""In-process tests of claiming's and settling's decisions (wired as the arbiter wires them,
 tests/support/job_parts.py): claims, reports, renewals, timeouts, lost children.
 
 A fake clock (plain floats passed as `now`) and a recording `submit`; answers are fed to each call's
