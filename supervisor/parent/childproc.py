@@ -76,13 +76,14 @@ class Child:
     sent_kill: bool = False  # the daemon sent it SIGKILL
     boot_error: str | None = None  # the traceback of a failed handler import
     watching_writes: bool = False  # the selector watches its socket for writability
+    idle_since: float = 0.0  # when it last became idle: the child idle longest takes the next job
     _ps: psutil.Process | None = field(default=None, repr=False)
 
     # -- state changes --
-    def became_ready(self, keeper_pid: int | None = None) -> None:
+    def became_ready(self, now: float, keeper_pid: int | None = None) -> None:
         self.keeper_pid = keeper_pid
         if self.state is ChildState.STARTING:
-            self.state = ChildState.IDLE
+            self.state, self.idle_since = ChildState.IDLE, now
 
     def start_job(self, job: dict) -> bool:
         """Send `job` to this idle child; False if its socket is gone (the sentinel reports the death)."""
@@ -114,14 +115,14 @@ class Child:
         self.recalling = True
         return True
 
-    def answered(self, next_id: str | None = None) -> None:
+    def answered(self, now: float, next_id: str | None = None) -> None:
         """The child answered for its job; `next_id` is the held job it started at once."""
         self.jobs_done += 1
         self.job_id = None
         self.over_cap = 0
         if next_id is not None:
             self.job_started(next_id)
-        self._idle_if_free()
+        self._idle_if_free(now)
 
     def job_started(self, job_id: str) -> None:
         """The child started its held job."""
@@ -130,15 +131,15 @@ class Child:
         if self.state is not ChildState.STOPPING:
             self.job_id = job_id
 
-    def job_returned(self, job_id: str) -> None:
+    def job_returned(self, now: float, job_id: str) -> None:
         """The child gave its held job back unstarted."""
         if self.held_id == job_id:
             self.held_id, self.recalling = None, False
-        self._idle_if_free()
+        self._idle_if_free(now)
 
-    def _idle_if_free(self) -> None:
+    def _idle_if_free(self, now: float) -> None:
         if self.state is ChildState.BUSY and self.job_id is None and self.held_id is None:
-            self.state = ChildState.IDLE
+            self.state, self.idle_since = ChildState.IDLE, now
 
     def mark_for_replacement(self, reason: str) -> bool:
         """Replace this child once it is idle; True if this is news."""

@@ -79,8 +79,13 @@ class ChildPool:
 
     # ------------------------------------------------------------ reading
     def idle_children(self) -> list[Child]:
-        """Children that may take a job now (one due for a reload still works until its turn comes)."""
-        return [c for c in self.children.values() if c.idle and c.replace_reason in (None, "reload")]
+        """Children that may take a job now (one due for a reload still works until its turn comes), the
+        longest idle first: a child whose jobs end just as each claim's answer comes must not take every
+        job while another waits (with claims for idle children only, it would, for seconds)."""
+        idle = [c for c in self.children.values() if c.idle and c.replace_reason in (None, "reload")]
+        if len(idle) > 1:
+            idle.sort(key=lambda c: c.idle_since)
+        return idle
 
     def holding_children(self) -> list[Child]:
         """Busy children that may be sent their next job now, to start when theirs ends."""
@@ -248,7 +253,7 @@ class ChildPool:
             frame = msg.get("t")
             if frame == "ready":
                 keeper = msg.get("keeper")
-                facts.append(ready := self._ready(child, keeper if isinstance(keeper, int) else None))
+                facts.append(ready := self._ready(child, now, keeper if isinstance(keeper, int) else None))
                 if ready.first and isinstance(msg.get("about"), dict):
                     self._report_handler(msg["about"])
             elif frame == "done":
@@ -257,7 +262,7 @@ class ChildPool:
                 child.job_started(msg["id"])
                 facts.append(JobStarted(child.slot, msg["id"], _number(msg.get("at"), now)))
             elif frame == "dropped" and isinstance(msg.get("id"), str):
-                child.job_returned(msg["id"])
+                child.job_returned(now, msg["id"])
                 facts.append(JobReturned(child.slot, msg["id"]))
             elif frame == "boot_error":
                 child.note_boot_error(msg.get("error") or "")
@@ -325,8 +330,8 @@ class ChildPool:
             self._forget(child)
 
     # ------------------------------------------------------------ inside
-    def _ready(self, child: Child, keeper_pid: int | None = None) -> ChildReady:
-        child.became_ready(keeper_pid)
+    def _ready(self, child: Child, now: float, keeper_pid: int | None = None) -> ChildReady:
+        child.became_ready(now, keeper_pid)
         self.boot_failures.pop(child.slot, None)
         self.changed = True
         first, self.any_ready = not self.any_ready, True
@@ -341,7 +346,7 @@ class ChildPool:
     def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
         following = msg.get("next")
         following = following if isinstance(following, str) else None
-        child.answered(following)
+        child.answered(now, following)
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:

@@ -462,3 +462,19 @@ def test_child_state_changes_only_through_its_methods(rig):
     a.begin_stop("resize", T0, 3.0, graceful=True)
     a.begin_stop("timeout", T0 + 1, 0.0)  # a second stop changes nothing
     assert a.stop_reason == "resize" and a.kill_at == T0 + 3.0 and rig.signals.sent == []
+
+
+
+def test_the_child_idle_longest_takes_the_next_job(rig):
+    """With claims for idle children only (--prefetch 0) and one claim on the wire at a time, a child whose
+    jobs end just as each claim's answer comes would otherwise take every job while the other one waits."""
+    a, b = rig.up(T0)
+    rig.give(a, "j1")
+    rig.give(b, "j2")
+    rig.done(b, "j2", now=T0 + 1.0)
+    assert rig.pool.idle_children() == [b]
+    rig.done(a, "j1", now=T0 + 1.5)  # a is free again just as the job claimed for b arrives
+    assert rig.pool.idle_children() == [b, a]  # b has waited longest: it takes that job
+    rig.give(b, "j3")
+    rig.done(b, "j3", now=T0 + 2.0)
+    assert rig.pool.idle_children() == [a, b]
