@@ -1,8 +1,8 @@
 """Every daemon benchmark against one dev server, as one command; prints a table and writes JSON.
 
-    python benchmarks/run.py            # full run (a few minutes); writes benchmarks/results/latest.json
+    python benchmarks/run.py            # full run (about 22 minutes); writes benchmarks/results/latest.json
                                         # and benchmarks/RESULTS.md
-    python benchmarks/run.py --quick    # short version (about 30 s)
+    python benchmarks/run.py --quick    # short version (a few minutes)
 
 Sections:
   efficiency  M CPU-bound jobs of d ms (5, 20, 100) through the daemon with --procs = cores:
