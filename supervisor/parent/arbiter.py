@@ -242,7 +242,7 @@ class Arbiter:
 
     def next_wakeup(self, now: float) -> float:
         """The earliest deadline of any part (never later than a second from now)."""
-        idle = len(self.pool.idle_children())
+        idle = self.pool.idle_count()
         may_claim = self.may_claim()
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
         times = [now + 1.0, self.pool.next_deadline(now), self.settling.next_deadline(),
@@ -372,8 +372,8 @@ class Arbiter:
             if self.pool.give_job(child, entry.job):
                 self.claiming.started(entry, child, now)
         self.settling.send_reports()
-        self.claiming.maybe_claim(now, len(self.pool.idle_children()), self.pool.target, self.may_claim(),
-                              self.pacer.allows_claim(now), self.pacer.rate)
+        self.claiming.maybe_claim(now, self.pool.idle_count(), self.pool.target, self.may_claim(),
+                                  self.pacer.allows_claim(now), self.pacer.rate)
         if self.pressure.paused:
             self.route(self.claiming.recall_held(), now)  # no child starts a job on its own under pressure
         elif self.phase is Phase.RUNNING:

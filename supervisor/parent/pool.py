@@ -78,14 +78,23 @@ class ChildPool:
         self.ps_parent = psutil.Process()  # this process, for the heartbeat's CPU and memory of the tree
 
     # ------------------------------------------------------------ reading
+    def idle_count(self) -> int:
+        """How many children may take a job now (`idle_children`, counted without ordering them)."""
+        return sum(1 for c in self.children.values() if self._may_take_job(c))
+
     def idle_children(self) -> list[Child]:
         """Children that may take a job now (one due for a reload still works until its turn comes), the
         longest idle first: a child whose jobs end just as each claim's answer comes must not take every
         job while another waits (with claims for idle children only, it would, for seconds)."""
-        idle = [c for c in self.children.values() if c.idle and c.replace_reason in (None, "reload")]
+        idle = [c for c in self.children.values() if self._may_take_job(c)]
         if len(idle) > 1:
             idle.sort(key=lambda c: c.idle_since)
         return idle
+
+    @staticmethod
+    def _may_take_job(child: Child) -> bool:
+        """Idle, and not due for replacement (one due for a reload still works until its turn comes)."""
+        return child.idle and child.replace_reason in (None, "reload")
 
     def holding_children(self) -> list[Child]:
         """Busy children that may be sent their next job now, to start when theirs ends."""

@@ -474,7 +474,7 @@ def test_the_child_idle_longest_takes_the_next_job(rig):
     rig.done(b, "j2", now=T0 + 1.0)
     assert rig.pool.idle_children() == [b]
     rig.done(a, "j1", now=T0 + 1.5)  # a is free again just as the job claimed for b arrives
-    assert rig.pool.idle_children() == [b, a]  # b has waited longest: it takes that job
+    assert rig.pool.idle_children() == [b, a] and rig.pool.idle_count() == 2  # b has waited longest: it takes that job
     rig.give(b, "j3")
     rig.done(b, "j3", now=T0 + 2.0)
     assert rig.pool.idle_children() == [a, b]
