@@ -10,7 +10,7 @@ from typing import Any
 
 from supervisor import exactjson
 
-from .errors import HttpError, invalid_json, validation
+from .errors import HttpError, invalid_json, invalid_type, validation
 from .realtime import EventStream
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
@@ -309,11 +309,19 @@ def _statuses(req):
     return out
 
 
+def _tag(req) -> str | None:
+    """The `tag` filter of the job lists: one tag of at most 64 characters."""
+    tag = _q_str(req, "tag")
+    if tag is not None and len(tag) > 64:
+        raise validation("tag", "must be at most 64 characters", "length")
+    return tag
+
+
 def list_jobs(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
     limit = _q_int(req, "limit", 50, 1, 100)
     offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _q_str(req, "tag"), limit, offset)
+    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset)
     return 200, items, {"X-Has-More": "true" if more else "false"}
 
 
@@ -333,7 +341,7 @@ def dlq_list(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
     limit = _q_int(req, "limit", 50, 1, 100)
     offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _q_str(req, "tag"), limit, offset)
+    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset)
     return 200, items, {"X-Has-More": "true" if more else "false"}
 
 
@@ -410,6 +418,7 @@ def get_queue_config(app, req):
 def put_queue_config(app, req):
     b = body(req)
     name = check_queue_name(req.params["name"], "name")
+    b.queue_name(required=False)  # optional here (the path names the queue), but a string when sent
     fields = {}
     for col, lo, hi in (("max_retries", 0, 100), ("default_timeout", 1, 86400), ("rate_limit", 1, 100000)):
         v = b.int(col, False, lo, hi)
@@ -420,5 +429,7 @@ def put_queue_config(app, req):
         fields["enabled"] = int(enabled)
     present, settings = b.any("settings")
     if present and settings is not None:
+        if not isinstance(settings, dict):  # pause and resume keep their state in it
+            raise invalid_type("settings", "a JSON object")
         fields["settings"] = _json_text("settings", settings, SIXTY_FOUR_K)
     return 200, app.store.put_queue_config(req.org, name, fields), None

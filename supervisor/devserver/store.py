@@ -20,6 +20,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import orjson
@@ -101,14 +102,50 @@ _CLAIM = ("UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?
           "created_at")
 
 
+EARLIEST = -62167219200.0  # 0000-01-01T00:00:00Z, the first instant RFC 3339 can write
+LATEST = 253402300799.999999  # 9999-12-31T23:59:59.999999Z, the last
+
+
+def _repair_settings(db) -> None:
+    """A queue's settings are a JSON object (pause and resume keep their state in it); rows stored as
+    another JSON value by an older server become `{}`."""
+    db.execute("UPDATE queue_config SET settings='{}' WHERE settings IS NULL OR NOT json_valid(settings) OR "
+               "json_type(settings) != 'object'")
+
+
+# (schema version, step): each step brings a database of the version before up to its own; a database made
+# before versions were kept (no `schema_version` in meta) is version 0. New tables need no step (SCHEMA
+# creates them IF NOT EXISTS); a new column on an existing table does (ALTER TABLE ... ADD COLUMN).
+MIGRATIONS: list[tuple[int, Callable]] = [
+    (1, _repair_settings),
+]
+
+
+def migrate(db) -> None:
+    """Run the steps a database has not had yet, and record the version reached (inside the caller's
+    transaction). A database from a newer server is left as it is."""
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    version = int(row[0]) if row else 0
+    for step_version, step in MIGRATIONS:
+        if step_version > version:
+            step(db)
+            version = step_version
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+
+
 def ts(t: float | None) -> str | None:
-    """Epoch seconds -> RFC 3339 UTC with microseconds and `Z`."""
+    """Epoch seconds -> RFC 3339 UTC with microseconds and `Z`, for any instant from year 0000 to 9999
+    (before 1970 too: the second is floored, so the fraction is never negative); outside, the nearest end."""
     if t is None:
         return None
-    sec = int(t)
+    if not EARLIEST <= t <= LATEST:
+        t = EARLIEST if t < EARLIEST else LATEST
+    sec, micro = divmod(round(t * 1_000_000), 1_000_000)
+    if sec > 253402300799:  # a fraction that rounds up past the last second
+        sec, micro = 253402300799, 999999
     g = time.gmtime(sec)
     return (f"{g.tm_year:04d}-{g.tm_mon:02d}-{g.tm_mday:02d}T{g.tm_hour:02d}:{g.tm_min:02d}:{g.tm_sec:02d}."
-            f"{int((t - sec) * 1e6):06d}Z")
+            f"{micro:06d}Z")
 
 
 def dumps(value) -> str:
@@ -124,9 +161,18 @@ def _shown_settings(text: str) -> str:
     """A queue's settings as the API shows them: without the pause time kept here as epoch seconds."""
     if "paused_at_epoch" not in text:
         return text
-    settings = exactjson.loads(text)
+    settings = _settings_object(text)
     settings.pop("paused_at_epoch", None)
     return dumps(settings)
+
+
+def _settings_object(text: str | None) -> dict:
+    """A queue's stored settings as a dict; anything else (not JSON, or JSON but not an object) as {}."""
+    try:
+        value = exactjson.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def hash_key(key: str) -> str:
@@ -216,6 +262,7 @@ class Store:
             for stmt in SCHEMA.split(";"):
                 if stmt.strip():
                     db.execute(stmt)
+            migrate(db)
         self._key_cache: dict[str, str] = {}
         self.closed = False
         self.changed = JobsChanged()
@@ -765,7 +812,7 @@ class Store:
             self._ensure_config(db, org, queue, now)
             (settings,) = db.execute("SELECT settings FROM queue_config WHERE organization_id=? AND queue_name=?",
                                      (org, queue)).fetchone()
-            s = exactjson.loads(settings or "{}")
+            s = _settings_object(settings)
             s.update({"paused": True, "paused_at": ts(now), "paused_at_epoch": now, "paused_reason": reason})
             db.execute("UPDATE queue_config SET enabled=0, settings=?, updated_at=? WHERE organization_id=? AND "
                        "queue_name=?", (dumps(s), now, org, queue))
@@ -778,8 +825,10 @@ class Store:
                              (org, queue)).fetchone()
             if not row:
                 raise not_found("Queue not found")
-            s = exactjson.loads(row[0] or "{}")
+            s = _settings_object(row[0])
             since = s.get("paused_at_epoch")
+            if not isinstance(since, (int, float)) or isinstance(since, bool):
+                since = None
             s.update({"paused": False})
             for k in ("paused_at", "paused_at_epoch", "paused_reason"):
                 s.pop(k, None)

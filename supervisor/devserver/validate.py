@@ -8,9 +8,8 @@ counts as absent for optional fields.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
 
-from .errors import invalid_type, missing_field, validation
+from .errors import invalid_json, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
@@ -20,17 +19,48 @@ def _queue_chars_ok(name: str) -> bool:
     return all(c.isalnum() or c in "-_." for c in name)
 
 
+_RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+                      r"(?:([Zz])|([+-])(\d{2}):(\d{2}))")
+_MONTH_DAYS = (31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+
+
+def _days_from_civil(y: int, m: int, d: int) -> int:
+    """Days from 1970-01-01 to a proleptic Gregorian date (year 0 included)."""
+    y -= m <= 2
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    return era * 146097 + yoe * 365 + yoe // 4 - yoe // 100 + doy - 719468
+
+
 def parse_time(field: str, value) -> float:
-    """RFC 3339 string -> epoch seconds (naive values are UTC)."""
+    """An RFC 3339 date-time with its offset (`Z` or +hh:mm) -> epoch seconds, as the server's date type
+    reads one: no other ISO 8601 form (no bare date, no missing offset, no week dates), fields in range, the
+    instant within years 0000-9999. A non-string is 422 invalid_type; a string that is not one, 400
+    INVALID_JSON (a deserialisation error, as the server answers it)."""
     if not isinstance(value, str):
         raise invalid_type(field, "an RFC 3339 date-time string")
-    try:
-        dt = datetime.fromisoformat(value.strip().replace("z", "Z"))
-    except ValueError:
-        raise validation(field, "must be an RFC 3339 date-time", "invalid_datetime") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
+    m = _RFC3339.fullmatch(value)
+    if m is None:
+        short = len(value) < 20 and all(c.isdigit() or c in "-T:. " for c in value)
+        why = "premature end of input" if short else "input contains invalid characters"
+        raise invalid_json(f"{field}: {why}")
+    y, mo, d, hh, mi, ss = (int(m.group(i)) for i in range(1, 7))
+    leap = y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)
+    days_in = _MONTH_DAYS[mo - 1] + (mo == 2 and leap) if 1 <= mo <= 12 else 0
+    off = 0
+    if m.group(9):
+        oh, om = int(m.group(10)), int(m.group(11))
+        if oh > 23 or om > 59:
+            raise invalid_json(f"{field}: input is out of range")
+        off = (oh * 3600 + om * 60) * (1 if m.group(9) == "+" else -1)
+    if not (1 <= d <= days_in and hh <= 23 and mi <= 59 and ss <= 59):
+        raise invalid_json(f"{field}: input is out of range")
+    micro = int((m.group(7) or "0")[:6].ljust(6, "0"))
+    sec = _days_from_civil(y, mo, d) * 86400 + hh * 3600 + mi * 60 + ss - off
+    if not -62167219200 <= sec <= 253402300799:
+        raise invalid_json(f"{field}: input is out of range")
+    return sec + micro / 1e6
 
 
 class Body:
