@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import devtools
+from . import auth, devtools, keys, keys_store, organizations, overview
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -67,8 +67,29 @@ ROUTES = [
     ("POST", "/api/v1/queues/{name}/resume", h.resume_queue, API),
     ("GET", "/api/v1/queues/{name}/config", h.get_queue_config, API),
     ("PUT", "/api/v1/queues/{name}/config", h.put_queue_config, API),
+    # dashboard, a job's priority, organizations and their usage
+    ("GET", "/api/v1/dashboard", overview.dashboard, API),
+    ("PUT", "/api/v1/jobs/{id}/priority", overview.set_priority, API),
+    ("GET", "/api/v1/organizations", organizations.list_orgs, API),
+    ("GET", "/api/v1/organizations/usage", organizations.usage, API),
+    ("GET", "/api/v1/organizations/webhook-token", organizations.get_webhook_token, API),
+    ("POST", "/api/v1/organizations/webhook-token/regenerate", organizations.regenerate_webhook_token, API),
+    ("POST", "/api/v1/organizations/webhook-token/clear", organizations.clear_webhook_token, API),
+    ("GET", "/api/v1/organizations/{id}", organizations.get_org, API),
+    # API keys and auth
+    ("GET", "/api/v1/api-keys", keys.list_keys, API),
+    ("POST", "/api/v1/api-keys", keys.create_key, API),
+    ("GET", "/api/v1/api-keys/{id}", keys.get_key, API),
+    ("PUT", "/api/v1/api-keys/{id}", keys.update_key, API),
+    ("DELETE", "/api/v1/api-keys/{id}", keys.revoke_key, API),
+    ("POST", "/api/v1/auth/login", auth.login, API),
+    ("POST", "/api/v1/auth/refresh", auth.refresh, API),
+    ("POST", "/api/v1/auth/validate", auth.validate_token, API),
+    ("GET", "/api/v1/auth/me", auth.me, API),
+    ("POST", "/api/v1/auth/logout", auth.logout, API),
 ]
-NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
+# open registration (as REGISTRATION_MODE=open), and the auth routes that read their own credentials
+NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me}
 
 
 class Router:
@@ -155,14 +176,8 @@ class App:
         self.events = Broadcaster()  # GET /api/v1/events
 
     def authenticate(self, headers) -> str:
-        auth = headers.get("authorization")
-        if not auth or not auth.startswith("Bearer "):
-            raise HttpError(401, "UNAUTHORIZED", "Missing or invalid Authorization header")
-        token = auth[7:].strip()
-        org = self.store.org_for_key(token) if token else None
-        if org is None:
-            raise HttpError(401, "UNAUTHORIZED", "Invalid token" if token.startswith("eyJ") else "Invalid API key")
-        return org
+        """The caller's organization (see `auth.authenticate` for the record `handle` keeps as req.key)."""
+        return auth.authenticate(self.store, headers, time.time()).org
 
     def serve(self, req: Request) -> tuple[int, object, dict, bool]:
         """handle() plus the `x-api-version: 1` header every /api/ answer carries, recorded in the request
@@ -183,7 +198,11 @@ class App:
                 version = req.headers.get("x-api-version")
                 if kind == API and version is not None and version.strip() != "1":
                     raise HttpError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
-                req.org = None if fn in NO_AUTH else self.authenticate(req.headers)
+                if fn not in NO_AUTH:
+                    req.key = auth.authenticate(self.store, req.headers, time.time())
+                    req.org = req.key.org
+                    if "name" in req.params:  # the queue routes: a queue-scoped key stays in its queues
+                        keys_store.require_queue(req, req.params["name"])
                 if kind == API:
                     org = req.org or "public"
                     if self.limiter is not None:

@@ -28,6 +28,7 @@ from supervisor.proto import spooled_pb2 as pb
 from supervisor.proto import spooled_pb2_grpc as pb_grpc
 
 from .errors import HttpError
+from .keys_store import key_context
 from .store import Store, dumps
 from .validate import check_hostname, check_queue_name, check_worker_id
 
@@ -145,6 +146,8 @@ class Backend:
         self.events = events  # the REST app's realtime.Broadcaster: jobs enqueued here are announced there too
 
     def authenticate(self, context) -> str:
+        """The organization of the call's API key (a JWT is not accepted on gRPC, as on the server);
+        checked again on every message of a stream, so a revoked or expired key stops it at once."""
         md = {k.lower(): v for k, v in context.invocation_metadata()}
         key = md.get("x-api-key")
         if key is None:
@@ -152,10 +155,10 @@ class Backend:
             key = auth[7:].strip() if auth.lower().startswith("bearer ") else (auth.strip() or None)
         if not key:
             raise GrpcError(SC.UNAUTHENTICATED, "Missing x-api-key or authorization header", "UNAUTHENTICATED")
-        org = self.store.org_for_key(key)
-        if org is None:
-            raise GrpcError(SC.UNAUTHENTICATED, "Invalid API key", "UNAUTHENTICATED")
-        return org
+        try:
+            return key_context(self.store, key, time.time()).org
+        except HttpError as e:
+            raise GrpcError(SC.UNAUTHENTICATED, e.body["message"], "UNAUTHENTICATED") from None
 
     def admit(self, org: str) -> bool:
         """Rate limit, then the delay and 503 faults; returns whether this answer is to be cut."""
@@ -317,6 +320,7 @@ class QueueService(pb_grpc.QueueServiceServicer):
             context.abort(e.code, e.message)
         for msg in request_iterator:
             try:
+                org = self.backend.authenticate(context)
                 cut = self.backend.admit(org)
             except GrpcError as e:
                 if e.code == SC.UNAVAILABLE:  # the injected 503 ends the stream, as a proxy would
@@ -363,6 +367,7 @@ class JobStream:
     def run(self) -> Iterator[pb.Job]:
         seen = self.store.changed.version
         while self.context.is_active():
+            self.backend.authenticate(self.context)  # the key may have been revoked since the last job
             jobs = _run(lambda: self.backend.claim(self.org, self.req.queue_name, self.req.worker_id,
                                                    self.req.lease_duration_secs, 1))
             if not jobs:

@@ -11,6 +11,7 @@ from typing import Any
 from supervisor import exactjson
 
 from .errors import HttpError, invalid_json, invalid_type, validation
+from .keys_store import require_queue
 from .realtime import EventStream
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
@@ -129,6 +130,7 @@ def register_worker(app, req):
     b = body(req)
     queue = b.str("queue_name", True, 1, 100)
     check_queue_name(queue)
+    require_queue(req, queue)
     hostname = check_hostname(b.str("hostname", True, 1, 255))
     wid = b.str("worker_id", False, 1, 128)
     if wid is not None:
@@ -191,6 +193,7 @@ def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
 def create_job(app, req):
     b = body(req)
     queue = b.queue_name()
+    require_queue(req, queue)
     fields = _job_fields(app, b, queue)
     jid, created = app.store.create_job(req.org, fields)
     if created:
@@ -201,6 +204,7 @@ def create_job(app, req):
 def bulk_create(app, req):
     b = body(req)
     queue = b.queue_name()
+    require_queue(req, queue)
     jobs = b.list("jobs", True, 100, 1)
     defaults = {"priority": b.int("default_priority", False, -100, 100),
                 "max_retries": b.int("default_max_retries", False, 0, 100),
@@ -230,9 +234,12 @@ def sse_events(app, req):
     queue = req.query.get("queue", [None])[0]
     if queue is not None:
         check_queue_name(queue, "queue")
+        require_queue(req, queue)
     names = req.query.get("events", [None])[0]
     wanted = {n.strip().lower() for n in names.split(",") if n.strip()} if names else None
-    return 200, EventStream(app.events, app.events.subscribe(req.org, queue, wanted)), None
+    sub = app.events.subscribe(req.org, queue, wanted)
+    sub.key_id = getattr(req.key, "key_id", None)
+    return 200, EventStream(app.events, sub), None
 
 
 def event_streams(app, req):
@@ -251,6 +258,7 @@ def drop_event_streams(app, req):
 def claim(app, req):
     b = body(req)
     queue = b.queue_name()
+    require_queue(req, queue)
     worker = b.str("worker_id", True, 1, 255)
     limit = b.int("limit", False, 1, 100, default=1)
     lease = b.int("lease_duration_secs", False, 5, 3600, default=app.cfg.lease_duration)
@@ -319,6 +327,7 @@ def _tag(req) -> str | None:
 
 def list_jobs(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
+    require_queue(req, queue)
     limit = _q_int(req, "limit", 50, 1, 100)
     offset = _q_int(req, "offset", 0, 0, 10**9)
     items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset)

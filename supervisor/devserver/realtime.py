@@ -40,6 +40,7 @@ class Subscriber:
         self.org, self.queue_name, self.names = org, queue_name, names
         self.buffer: queue.Queue = queue.Queue(maxsize=BUFFER)
         self.dropped = 0
+        self.key_id: str | None = None  # the API key the stream was opened with (its revocation ends it)
 
     def wants(self, org: str, name: str, queue_name: str | None) -> bool:
         if org != self.org:
@@ -101,6 +102,14 @@ class Broadcaster:
         with self._lock:
             subs = list(self._subs)
             self._refuse_until = time.monotonic() + refuse_secs
+        for sub in subs:
+            sub.offer(_END)
+        return len(subs)
+
+    def drop_key(self, key_id: str) -> int:
+        """End the open streams of one API key (revoked or deactivated); how many there were."""
+        with self._lock:
+            subs = [s for s in self._subs if s.key_id == key_id]
         for sub in subs:
             sub.offer(_END)
         return len(subs)

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS dead_letter_queue(
   id TEXT PRIMARY KEY, organization_id TEXT NOT NULL, job_id TEXT NOT NULL, queue_name TEXT, reason TEXT,
   original_payload TEXT, error_details TEXT, created_at REAL);
 CREATE INDEX IF NOT EXISTS dlq_job ON dead_letter_queue(job_id);
+CREATE TABLE IF NOT EXISTS revoked_tokens(jti TEXT PRIMARY KEY, expires_at REAL);
 CREATE TABLE IF NOT EXISTS queue_config(
   organization_id TEXT NOT NULL, queue_name TEXT NOT NULL, id TEXT, max_retries INTEGER, default_timeout INTEGER,
   rate_limit INTEGER, enabled INTEGER NOT NULL DEFAULT 1, settings TEXT, created_at REAL, updated_at REAL,
@@ -116,8 +117,19 @@ def _repair_settings(db) -> None:
 # (schema version, step): each step brings a database of the version before up to its own; a database made
 # before versions were kept (no `schema_version` in meta) is version 0. New tables need no step (SCHEMA
 # creates them IF NOT EXISTS); a new column on an existing table does (ALTER TABLE ... ADD COLUMN).
+def _key_and_org_columns(db) -> None:
+    """API keys gain queue scopes, a rate limit, revocation, expiry and last use; organizations gain
+    settings (the incoming-webhook token lives there)."""
+    for table, column in (("api_keys", "queues TEXT"), ("api_keys", "rate_limit INTEGER"),
+                          ("api_keys", "is_active INTEGER NOT NULL DEFAULT 1"), ("api_keys", "expires_at REAL"),
+                          ("api_keys", "last_used REAL"), ("organizations", "settings TEXT")):
+        if column.split()[0] not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+
 MIGRATIONS: list[tuple[int, Callable]] = [
     (1, _repair_settings),
+    (2, _key_and_org_columns),
 ]
 
 
@@ -222,6 +234,30 @@ def worker_dict(row, full: bool) -> dict:
     return base
 
 
+RECHECK = 1.0  # seconds a verified API key is trusted before it is read again
+
+
+class KeyCache:
+    """Verified keys by their value, each with the monotonic time it was read."""
+
+    def __init__(self) -> None:
+        self._hits: dict[str, tuple[object, float]] = {}
+
+    def get(self, key: str, mono: float) -> object | None:
+        hit = self._hits.get(key)
+        if hit is None or mono - hit[1] > RECHECK:
+            return None
+        return hit[0]
+
+    def put(self, key: str, ctx: object, mono: float) -> None:
+        if len(self._hits) > 10000:  # a flood of distinct keys cannot grow it without bound
+            self._hits.clear()
+        self._hits[key] = (ctx, mono)
+
+    def forget(self) -> None:
+        self._hits.clear()
+
+
 class JobsChanged:
     """A counter bumped after every committed write that changed a row, so waiters (gRPC StreamJobs)
     wake on an enqueue, a settlement, a renewal or a recovery instead of polling. An empty claim changes
@@ -263,7 +299,7 @@ class Store:
                 if stmt.strip():
                     db.execute(stmt)
             migrate(db)
-        self._key_cache: dict[str, str] = {}
+        self.keys = KeyCache()  # verified API keys (supervisor.devserver.keys_store)
         self.closed = False
         self.changed = JobsChanged()
 
@@ -317,7 +353,8 @@ class Store:
                 org = row[0]
             else:
                 org = str(uuid.uuid4())
-                db.execute("INSERT INTO organizations VALUES (?,?,?,?,?,?,?)",
+                db.execute("INSERT INTO organizations (id, name, slug, billing_email, plan_tier, created_at, "
+                           "updated_at) VALUES (?,?,?,?,?,?,?)",
                            (org, "Default", "default", None, "free", now, now))
                 db.execute("INSERT INTO meta VALUES ('default_org', ?)", (org,))
             if given_key:
@@ -326,22 +363,21 @@ class Store:
                 row = db.execute("SELECT value FROM meta WHERE key='default_api_key'").fetchone()
                 key = row[0] if row else new_api_key()
                 db.execute("INSERT OR REPLACE INTO meta VALUES ('default_api_key', ?)", (key,))
-            db.execute("INSERT OR IGNORE INTO api_keys VALUES (?,?,?,?,?)",
+            db.execute("INSERT OR IGNORE INTO api_keys (id, organization_id, key_hash, name, created_at) "
+                       "VALUES (?,?,?,?,?)",
                        (str(uuid.uuid4()), org, hash_key(key), "Dev server key", now))
+            db.execute("UPDATE api_keys SET is_active=1, expires_at=NULL WHERE key_hash=? AND organization_id=?",
+                       (hash_key(key), org))  # the key the dev server prints always works
             owner = db.execute("SELECT organization_id FROM api_keys WHERE key_hash=?", (hash_key(key),)).fetchone()
         if owner[0] != org:
             raise ValueError("the given API key belongs to another organization in this database")
         return key
 
     def org_for_key(self, key: str) -> str | None:
-        """The organization of a valid API key. Keys are never revoked while the server runs (no route
-        deletes one), so a verified key -> org pair is cached by the key itself: no hash per request."""
-        org = self._key_cache.get(key)
-        if org is None:
-            rows = self._read("SELECT organization_id FROM api_keys WHERE key_hash=?", (hash_key(key),))
-            if rows:
-                org = self._key_cache[key] = rows[0][0]
-        return org
+        """The organization of an active, unexpired API key (uncached; the routes use keys_store)."""
+        rows = self._read("SELECT organization_id FROM api_keys WHERE key_hash=? AND coalesce(is_active, 1) AND "
+                          "(expires_at IS NULL OR expires_at>?)", (hash_key(key), time.time()))
+        return rows[0][0] if rows else None
 
     def org_plan(self, org: str) -> str:
         rows = self._read("SELECT plan_tier FROM organizations WHERE id=?", (org,))
@@ -356,9 +392,10 @@ class Store:
             if billing_email and db.execute("SELECT 1 FROM organizations WHERE billing_email=?",
                                             (billing_email,)).fetchone():
                 raise conflict("Billing email already in use")
-            db.execute("INSERT INTO organizations VALUES (?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO organizations (id, name, slug, billing_email, plan_tier, created_at, "
+                       "updated_at) VALUES (?,?,?,?,?,?,?)",
                        (org, name, slug, billing_email, "free", now, now))
-            db.execute("INSERT INTO api_keys VALUES (?,?,?,?,?)",
+            db.execute("INSERT INTO api_keys (id, organization_id, key_hash, name, created_at) VALUES (?,?,?,?,?)",
                        (key_id, org, hash_key(key), "Initial Admin Key", now))
         return {"organization": {"id": org, "name": name, "slug": slug, "plan_tier": "free",
                                  "billing_email": billing_email, "settings": {}, "created_at": ts(now),

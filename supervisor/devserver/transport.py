@@ -80,7 +80,7 @@ class Request:
     """One framed request: method, path, query (dict of lists), headers (lower-case names, first wins),
     body (bytes); `org` and `params` are the app's."""
 
-    __slots__ = ("method", "path", "query", "headers", "body", "org", "params")
+    __slots__ = ("method", "path", "query", "headers", "body", "org", "params", "key")
     method: str
     path: str
     query: dict[str, list[str]]
@@ -88,6 +88,7 @@ class Request:
     body: bytes
     org: str | None
     params: dict[str, str]
+    key: object  # the app's record of who is calling (an API key or a JWT), or None
 
 
 Serve = Callable[[Request], tuple[int, object, dict, bool]]  # -> (status, JSON-able body or None, headers, cut?)
@@ -223,7 +224,7 @@ class _Framer:
         if path.startswith("//"):
             path = "/" + path.lstrip("/")
         req.method, req.path, req.query = p.get_method().decode("ascii"), path, parse_qs(qs) if qs else {}
-        req.headers, req.body, req.org, req.params = self.headers, b"".join(self.body), None, {}
+        req.headers, req.body, req.org, req.params, req.key = self.headers, b"".join(self.body), None, {}, None
         self.conn.queue(req, None, not p.should_keep_alive() or p.should_upgrade())
 
 
