@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import auth, devtools, keys, keys_store, organizations, overview
+from . import auth, devtools, keys, keys_store, organizations, overview, schedules, schedules_store
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -87,6 +87,16 @@ ROUTES = [
     ("POST", "/api/v1/auth/validate", auth.validate_token, API),
     ("GET", "/api/v1/auth/me", auth.me, API),
     ("POST", "/api/v1/auth/logout", auth.logout, API),
+    # schedules
+    ("GET", "/api/v1/schedules", schedules.list_schedules, API),
+    ("POST", "/api/v1/schedules", schedules.create, API),
+    ("GET", "/api/v1/schedules/{id}", schedules.get, API),
+    ("PUT", "/api/v1/schedules/{id}", schedules.update, API),
+    ("DELETE", "/api/v1/schedules/{id}", schedules.delete, API),
+    ("POST", "/api/v1/schedules/{id}/pause", schedules.pause, API),
+    ("POST", "/api/v1/schedules/{id}/resume", schedules.resume, API),
+    ("POST", "/api/v1/schedules/{id}/trigger", schedules.trigger, API),
+    ("GET", "/api/v1/schedules/{id}/history", schedules.history, API),
 ]
 # open registration (as REGISTRATION_MODE=open), and the auth routes that read their own credentials
 NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me}
@@ -174,6 +184,7 @@ class App:
         self.router = Router(ROUTES)
         self.requests = devtools.RequestLog()  # GET /_dev/requests
         self.events = Broadcaster()  # GET /api/v1/events
+        schedules_store.ensure_tables(store)
 
     def authenticate(self, headers) -> str:
         """The caller's organization (see `auth.authenticate` for the record `handle` keeps as req.key)."""

@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--lease-sweep-interval", _pos_float, 1.0, "seconds between expired-lease sweeps")
     add("--worker-offline-after", _pos_float, 120.0, "seconds without a heartbeat before a worker goes offline")
     add("--worker-sweep-interval", _pos_float, None, "seconds between stale-worker sweeps (default min(5, offline/4))")
+    add("--schedule-interval", _pos_float, 1.0, "seconds between checks for due schedules (each due one fires once)")
     add("--max-workers", _nonneg_int, None, "worker cap per organization (default unlimited)")
     add("--rate-limit", _pos_float, None, "requests per second per organization (default unlimited)")
     add("--rate-burst", _pos_int, None, "token-bucket burst for --rate-limit (default 2x the rate)")
@@ -215,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
             server.server_close()
             store.close()
             return 2 if isinstance(e, ImportError) else 1
-    sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval).start()
+    sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval,
+                      args.schedule_interval, app.events.job_created).start()
     stop = _stop_event_on_signals()
     serve_in_thread(server)
     _announce(args, key, host, port, grpc_port, faults, limiter)
