@@ -75,6 +75,8 @@ ROUTES = [
     ("GET", "/api/v1/organizations/webhook-token", organizations.get_webhook_token, API),
     ("POST", "/api/v1/organizations/webhook-token/regenerate", organizations.regenerate_webhook_token, API),
     ("POST", "/api/v1/organizations/webhook-token/clear", organizations.clear_webhook_token, API),
+    ("GET", "/api/v1/organizations/check-slug", organizations.check_slug, API),
+    ("POST", "/api/v1/organizations/generate-slug", organizations.generate_slug, API),
     ("GET", "/api/v1/organizations/{id}", organizations.get_org, API),
     # API keys and auth
     ("GET", "/api/v1/api-keys", keys.list_keys, API),
@@ -98,8 +100,10 @@ ROUTES = [
     ("POST", "/api/v1/schedules/{id}/trigger", schedules.trigger, API),
     ("GET", "/api/v1/schedules/{id}/history", schedules.history, API),
 ]
-# open registration (as REGISTRATION_MODE=open), and the auth routes that read their own credentials
-NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me}
+# open registration (as REGISTRATION_MODE=open) with its slug helpers, and the auth routes that read their own
+# credentials
+NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me, organizations.check_slug,
+           organizations.generate_slug}
 
 
 class Router:

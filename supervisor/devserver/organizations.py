@@ -5,9 +5,11 @@ server defines them (the dev server enforces only what its flags set; billing is
 from __future__ import annotations
 
 import time
+import uuid
 
 from . import overview_store
-from .errors import HttpError
+from .errors import HttpError, validation
+from .handlers import body
 from .keys_store import require_unrestricted
 
 # The server's plan tiers: (display name, jobs/day, active jobs, queues, workers, api keys, schedules,
@@ -63,9 +65,13 @@ def list_orgs(app, req):
 
 
 def get_org(app, req):
+    """The caller's own organization; a queue-scoped key does not see the webhook token in its settings."""
     if req.params["id"] != req.org:
-        raise HttpError(404, "NOT_FOUND", "Organization not found")
-    return 200, overview_store.organization(app.store, req.org), None
+        raise HttpError(404, "NOT_FOUND", f"Organization {req.params['id']} not found")
+    org = overview_store.organization(app.store, req.org)
+    if not getattr(req.key, "unrestricted", True):
+        org["settings"].pop("webhook_token", None)
+    return 200, org, None
 
 
 def usage(app, req):
@@ -93,3 +99,44 @@ def clear_webhook_token(app, req):
     """Refused, as the server refuses it: a token is rotated, never removed."""
     raise HttpError(400, "VALIDATION_ERROR", "Clearing the webhook token is not allowed. Use "
                     "/organizations/webhook-token/regenerate to rotate it.")
+
+
+def _slug_problem(slug: str) -> str | None:
+    if not slug or len(slug) > 100:
+        return "Slug must be 1-100 characters"
+    if not all(c.isdigit() or "a" <= c <= "z" or c == "-" for c in slug):
+        return "Slug can only contain lowercase letters, digits, and hyphens"
+    if slug[0] == "-" or slug[-1] == "-":
+        return "Slug cannot start or end with a hyphen"
+    return None
+
+
+def _taken(store, slug: str) -> bool:
+    return bool(store._read("SELECT 1 FROM organizations WHERE slug=?", (slug,)))
+
+
+def check_slug(app, req):
+    """`GET /organizations/check-slug?slug=`: whether a new organization could take it (public)."""
+    slug = (req.query.get("slug") or [""])[-1]
+    problem = _slug_problem(slug)
+    if problem:
+        return 200, {"available": False, "valid": False, "error": problem}, None
+    if _taken(app.store, slug):
+        return 200, {"available": False, "valid": True, "suggestion": f"{slug}-{uuid.uuid4().hex[:6]}"}, None
+    return 200, {"available": True, "valid": True}, None
+
+
+def generate_slug(app, req):
+    """`POST /organizations/generate-slug {"name"}`: a free slug made from a name, as the server makes it."""
+    name = body(req).str("name", True, 0, 100_000).strip()
+    if not name or len(name.encode()) > 200:
+        raise validation("name", "Name must be 1-200 characters", "length")
+    slug = "-".join(p for p in "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower()).split("-")
+                    if p)
+    if slug[:1].isdigit():
+        slug = "org-" + slug
+    if len(slug) > 80:
+        slug = slug[:80].rstrip("-")
+    if _taken(app.store, slug):
+        slug = f"{slug}-{uuid.uuid4().hex[:6]}"
+    return 200, {"slug": slug}, None

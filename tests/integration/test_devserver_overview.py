@@ -86,3 +86,19 @@ def test_the_webhook_token_is_read_rotated_and_never_cleared(dev_server):
     r = dev_server.request("POST", "/api/v1/organizations/webhook-token/clear", json={"confirm": True})
     assert r.status_code == 400 and r.json()["code"] == "VALIDATION_ERROR"
     assert c.organizations.get_webhook_token().webhook_token == rotated.webhook_token
+
+
+def test_slugs_are_checked_and_generated_as_the_server_does(dev_server):
+    c = sdk(dev_server)
+    assert c.organizations.check_slug("default").available is False  # the dev server's own organization
+    taken = dev_server.request("GET", "/api/v1/organizations/check-slug", params={"slug": "default"}).json()
+    assert taken["valid"] is True and taken["suggestion"].startswith("default-")
+    free = c.organizations.check_slug("acme-labs")
+    assert free.available and free.valid
+    bad = c.organizations.check_slug("Bad_Slug")
+    assert not bad.valid and bad.error == "Slug can only contain lowercase letters, digits, and hyphens"
+    assert c.organizations.generate_slug("  Acme Labs, Inc.  ").slug == "acme-labs-inc"
+    assert c.organizations.generate_slug("42 Things").slug == "org-42-things"
+    assert c.organizations.generate_slug("Default").slug.startswith("default-")
+    r = dev_server.request("POST", "/api/v1/organizations/generate-slug", json={"name": "   "}, key="no-key-needed")
+    assert r.status_code == 400 and r.json()["code"] == "VALIDATION_ERROR"
