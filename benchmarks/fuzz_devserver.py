@@ -100,7 +100,7 @@ def run(spec_path: Path, max_time: int, workers: int) -> dict:
                    "--exclude-path-regex", r"^/api/v1/(events|ws)", "--request-timeout", "10",
                    "--continue-on-failure", "--suppress-health-check", "all", "--no-color"]
             started = time.monotonic()
-            proc = subprocess.run(cmd, env=env, cwd=HERE, capture_output=True, text=True,
+            proc = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True,  # its cache stays in tmp
                                   timeout=max_time + 120)
             took = time.monotonic() - started
             alive = server.proc is not None and server.proc.poll() is None
