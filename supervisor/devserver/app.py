@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import devtools
+from . import devtools, websocket
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -57,6 +57,7 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
     ("GET", "/api/v1/events", h.sse_events, API),
+    ("GET", "/api/v1/ws", websocket.connect, API),
     ("GET", "/_dev/events", h.event_streams, DEV),
     ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
     ("GET", "/api/v1/queues", h.list_queues, API),
@@ -69,7 +70,8 @@ ROUTES = [
     ("PUT", "/api/v1/queues/{name}/config", h.put_queue_config, API),
 ]
 NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
-QUERY_TOKEN = {h.sse_events}  # routes that also take `?token=` / `?api_key=` (the browser's EventSource, WebSocket)
+# routes that also take `?token=` / `?api_key=` (a browser's EventSource or WebSocket cannot set a header)
+QUERY_TOKEN = {h.sse_events, websocket.connect}
 
 
 class Router:
