@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import devtools, websocket
+from . import devtools, websocket, workflows
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -68,6 +68,7 @@ ROUTES = [
     ("POST", "/api/v1/queues/{name}/resume", h.resume_queue, API),
     ("GET", "/api/v1/queues/{name}/config", h.get_queue_config, API),
     ("PUT", "/api/v1/queues/{name}/config", h.put_queue_config, API),
+    *[(method, path, fn, API) for method, path, fn in workflows.ROUTES],
 ]
 NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
 # routes that also take `?token=` / `?api_key=` (a browser's EventSource or WebSocket cannot set a header)

@@ -1,4 +1,5 @@
-"""Every SQL statement and transaction of the dev server (SQLite in WAL mode).
+"""The dev server's state and its transactions (SQLite in WAL mode); dependencies.py holds the dependency and
+workflow statements these transactions run, workflows.py the workflow routes' own.
 
 Contract: one connection per Store, guarded by a lock; every write runs inside
 `BEGIN IMMEDIATE ... COMMIT`, so two server processes on one DB file are also
@@ -28,6 +29,7 @@ import orjson
 
 from supervisor import exactjson
 
+from . import dependencies
 from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
 
 Fragment = orjson.Fragment
@@ -100,7 +102,7 @@ _CLAIM = ("UPDATE jobs SET status='processing', assigned_worker_id=?, lease_id=?
           "AND (expires_at IS NULL OR expires_at>?) AND (dependencies_met IS NULL OR dependencies_met=1) "
           "ORDER BY priority DESC, created_at LIMIT ?) "
           "RETURNING id, queue_name, payload, retry_count, max_retries, timeout_seconds, lease_id, priority, "
-          "created_at")
+          "created_at, workflow_id")
 
 
 def ts(t: float | None) -> str | None:
@@ -215,7 +217,7 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=OFF")
         with self._tx() as db:
-            for stmt in SCHEMA.split(";"):
+            for stmt in (SCHEMA + dependencies.SCHEMA).split(";"):
                 if stmt.strip():
                     db.execute(stmt)
         self._key_cache: dict[str, str] = {}
@@ -422,10 +424,14 @@ class Store:
         deps = None
         parent = j.get("parent_job_id")
         if parent is not None:
-            prow = db.execute("SELECT status FROM jobs WHERE id=? AND organization_id=? AND queue_name=?",
-                              (parent, org, j["queue_name"])).fetchone()
+            prow = db.execute("SELECT status, queue_name FROM jobs WHERE id=? AND organization_id=?",
+                              (parent, org)).fetchone()
             if not prow:
-                raise validation("parent_job_id", "Parent job not found in this queue", "invalid_parent")
+                raise validation("parent_job_id", "parent_job_id does not reference a job in this organization",
+                                 "invalid_parent")
+            if prow[1] != j["queue_name"]:
+                raise validation("parent_job_id", "parent_job_id must reference a job in the same queue",
+                                 "invalid_parent")
             deps = 1 if prow[0] == "completed" else 0
         sched = j.get("scheduled_at")
         status = "scheduled" if sched is not None and sched > now else "pending"
@@ -437,6 +443,9 @@ class Store:
                    (jid, org, j["queue_name"], status, j["payload"], max_retries, now, sched, j.get("expires_at"),
                     j.get("priority") or 0, j.get("tags"), timeout, parent, j.get("completion_webhook"),
                     j.get("completion_webhook_secret"), key, now, deps))
+        if deps == 0 and parent is not None:  # the parent's completion releases it through this edge, as the
+            # real server records one
+            dependencies.add_edge(db, jid, parent, "all", now)
         if facts is not None:
             facts.append((org, "job.created", {"job_id": jid, "queue_name": j["queue_name"],
                                                "priority": j.get("priority") or 0, "status": status}))
@@ -493,6 +502,9 @@ class Store:
         with self._tx() as db:  # one statement: a paused queue (enabled=0) leases nothing
             rows = db.execute(_CLAIM, (worker_id, prefix, expires, now, now, org, queue, org, queue, now, now,
                                        limit)).fetchall()
+            workflows = {r[9] for r in rows if r[9] is not None}
+            if workflows:
+                dependencies.touch(db, workflows, now)
         rows.sort(key=lambda r: (-r[7], r[8]))
         if rows and self.listeners:
             self._emit([(org, "job.started", {"job_id": r[0], "queue_name": r[1], "worker_id": worker_id})
@@ -522,16 +534,19 @@ class Store:
         with self._tx() as db:
             done = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? "
                               + self._FENCE + " RETURNING queue_name, started_at, completion_webhook, "
-                              "completion_webhook_secret", (result, now, now, job_id, org, worker_id, now,
-                                                            lease_id)).fetchone()
+                              "completion_webhook_secret, workflow_id", (result, now, now, job_id, org, worker_id,
+                                                                         now, lease_id)).fetchone()
             if done is None:
                 raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired before completion")
             db.execute("UPDATE workers SET jobs_processed=jobs_processed+1 WHERE id=? AND organization_id=?",
                        (worker_id, org))
             db.execute("UPDATE jobs SET dependencies_met=1, updated_at=? WHERE parent_job_id=? AND "
                        "dependencies_met=0", (now, job_id))
+            dependencies.release(db, job_id, now)
+            if done[4] is not None:
+                dependencies.touch(db, [done[4]], now)
         if self.listeners:
-            queue, started, hook, secret = done
+            queue, started, hook, secret, _ = done
             self._emit([(org, "job.completed", {
                 "job_id": job_id, "queue_name": queue, "result": result,
                 "duration_ms": 0 if started is None else max(0, int((now - started) * 1000)),
@@ -575,12 +590,20 @@ class Store:
         return will_retry, delay
 
     def _dead_letter(self, db, org, job_id, queue, payload, error, retries, now, facts: list):
-        """Dead-letter one job; what that changes besides the job itself is appended to `facts`."""
+        """Dead-letter one job; what that changes besides the job itself (its dependents cancelled) is
+        appended to `facts`."""
         db.execute("UPDATE jobs SET status='deadletter', last_error=?, assigned_worker_id=NULL, lease_id=NULL, "
                    "lease_expires_at=NULL, updated_at=? WHERE id=?", (error, now, job_id))
+        self._ended(db, org, [job_id], now, facts)
         db.execute("INSERT INTO dead_letter_queue VALUES (?,?,?,?,?,?,?,?)",
                    (str(uuid.uuid4()), org, job_id, queue, error, payload,
                     dumps({"final_error": error, "total_retries": retries}), now))
+
+    @staticmethod
+    def _ended(db, org: str, job_ids: list[str], now: float, facts: list) -> None:
+        """Jobs ended without completing: cancel the dependents that can no longer run, update workflows."""
+        touched = dependencies.cascade(db, org, job_ids, now, facts)
+        dependencies.touch(db, set(touched) | set(dependencies.workflows_of(db, job_ids)), now)
 
     def renew_lease(self, org: str, job_id: str, worker_id: str, lease_id: str, secs: int) -> None:
         now = time.time()
@@ -682,9 +705,11 @@ class Store:
                 raise not_found("Job not found")
             if row[0] not in ("pending", "scheduled"):
                 raise conflict("Job cannot be cancelled (not in pending or scheduled state)")
-            (queue,) = db.execute("UPDATE jobs SET status='cancelled', updated_at=? WHERE id=? RETURNING queue_name",
-                                  (now, job_id)).fetchone()
-        self._emit([(org, "job.cancelled", {"job_id": job_id, "queue_name": queue, "old_status": row[0]})])
+            (queue,) = db.execute("UPDATE jobs SET status='cancelled', completed_at=?, updated_at=? WHERE id=? "
+                                  "RETURNING queue_name", (now, now, job_id)).fetchone()
+            facts: list = [(org, "job.cancelled", {"job_id": job_id, "queue_name": queue, "old_status": row[0]})]
+            self._ended(db, org, [job_id], now, facts)
+        self._emit(facts)
 
     def _revive(self, db, job_ids: list[str], now: float) -> None:
         for jid in job_ids:
@@ -692,6 +717,7 @@ class Store:
                        "lease_id=NULL, lease_expires_at=NULL, completed_at=NULL, scheduled_at=NULL, updated_at=? "
                        "WHERE id=?", (now, jid))
             db.execute("DELETE FROM dead_letter_queue WHERE job_id=?", (jid,))
+        dependencies.touch(db, dependencies.workflows_of(db, job_ids), now)
 
     def retry_job(self, org: str, job_id: str) -> dict:
         now = time.time()
