@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import devtools, websocket, workflows
+from . import devtools, webhooks, websocket, workflows
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -69,6 +69,7 @@ ROUTES = [
     ("GET", "/api/v1/queues/{name}/config", h.get_queue_config, API),
     ("PUT", "/api/v1/queues/{name}/config", h.put_queue_config, API),
     *[(method, path, fn, API) for method, path, fn in workflows.ROUTES],
+    *[(method, path, fn, API) for method, path, fn in webhooks.ROUTES],
 ]
 NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
 # routes that also take `?token=` / `?api_key=` (a browser's EventSource or WebSocket cannot set a header)
@@ -146,6 +147,8 @@ class ServerConfig:
     max_payload_bytes: int = 1048576
     max_body_bytes: int = 2 * 1024 * 1024
     events: bool = True  # serve GET /api/v1/events
+    webhook_timeout: float = 10.0  # seconds one outgoing webhook attempt may take in all
+    webhook_backoff: float = 1.0  # seconds before the first retry of a failed delivery (then doubling)
 
 
 class App:
@@ -158,6 +161,8 @@ class App:
         self.requests = devtools.RequestLog()  # GET /_dev/requests
         self.events = Broadcaster()  # GET /api/v1/events, /api/v1/ws
         store.listeners.append(self.events.on_fact)
+        self.webhooks = webhooks.Webhooks(store, cfg.webhook_timeout, cfg.webhook_backoff)  # outgoing deliveries
+        store.listeners.append(self.webhooks.on_fact)
 
     def authenticate(self, headers, query: dict | None = None) -> str:
         """The organization of the request's credentials: the `Authorization: Bearer` header, or, given the

@@ -258,6 +258,12 @@ class Store:
                 except Exception as e:
                     print(f"warning: event listener failed on {name}: {e!r}", file=sys.stderr, flush=True)
 
+    def publish(self, org: str, fact: str, data: dict) -> None:
+        """Announce a committed change made outside this module, e.g. `publish(org, "schedule.triggered",
+        {"schedule_id", "schedule_name", "job_id", ...})` after a schedule fired: the data is what the
+        outgoing webhooks subscribed to that event receive."""
+        self._emit([(org, fact, data)])
+
     def ping(self) -> bool:
         try:
             self._read("SELECT 1")
