@@ -15,7 +15,19 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import auth, devtools, keys, keys_store, organizations, overview, schedules, schedules_store
+from . import (
+    auth,
+    devtools,
+    keys,
+    keys_store,
+    organizations,
+    overview,
+    schedules,
+    schedules_store,
+    webhooks,
+    websocket,
+    workflows,
+)
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -57,6 +69,7 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
     ("GET", "/api/v1/events", h.sse_events, API),
+    ("GET", "/api/v1/ws", websocket.connect, API),
     ("GET", "/_dev/events", h.event_streams, DEV),
     ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
     ("GET", "/api/v1/queues", h.list_queues, API),
@@ -99,11 +112,24 @@ ROUTES = [
     ("POST", "/api/v1/schedules/{id}/resume", schedules.resume, API),
     ("POST", "/api/v1/schedules/{id}/trigger", schedules.trigger, API),
     ("GET", "/api/v1/schedules/{id}/history", schedules.history, API),
+    *[(method, path, fn, API) for method, path, fn in workflows.ROUTES],
+    *[(method, path, fn, API) for method, path, fn in webhooks.ROUTES],
 ]
 # open registration (as REGISTRATION_MODE=open) with its slug helpers, and the auth routes that read their own
 # credentials
 NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me, organizations.check_slug,
            organizations.generate_slug}
+# routes that also take `?token=` / `?api_key=` (a browser's EventSource or WebSocket cannot set a header)
+QUERY_TOKEN = {h.sse_events, websocket.connect}
+
+
+def credentials(headers, query: dict | None) -> dict:
+    """The headers to authenticate: as sent, or, given the `query` of a realtime route and no Authorization
+    header, its `token` / `api_key` parameter as a Bearer header (the real server allows it there only)."""
+    if headers.get("authorization") or not query:
+        return headers
+    token = (query.get("token") or query.get("api_key") or [""])[-1]
+    return {**headers, "authorization": "Bearer " + token} if token else headers
 
 
 class Router:
@@ -177,6 +203,8 @@ class ServerConfig:
     max_payload_bytes: int = 1048576
     max_body_bytes: int = 2 * 1024 * 1024
     events: bool = True  # serve GET /api/v1/events
+    webhook_timeout: float = 10.0  # seconds one outgoing webhook attempt may take in all
+    webhook_backoff: float = 1.0  # seconds before the first retry of a failed delivery (then doubling)
 
 
 class App:
@@ -187,12 +215,15 @@ class App:
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
         self.requests = devtools.RequestLog()  # GET /_dev/requests
-        self.events = Broadcaster()  # GET /api/v1/events
+        self.events = Broadcaster()  # GET /api/v1/events, /api/v1/ws
         schedules_store.ensure_tables(store)
+        store.listeners.append(self.events.on_fact)
+        self.webhooks = webhooks.Webhooks(store, cfg.webhook_timeout, cfg.webhook_backoff)  # outgoing deliveries
+        store.listeners.append(self.webhooks.on_fact)
 
-    def authenticate(self, headers) -> str:
-        """The caller's organization (see `auth.authenticate` for the record `handle` keeps as req.key)."""
-        return auth.authenticate(self.store, headers, time.time()).org
+    def authenticate(self, headers, query: dict | None = None) -> str:
+        """The caller's organization (see `credentials` and `auth.authenticate`)."""
+        return auth.authenticate(self.store, credentials(headers, query), time.time()).org
 
     def serve(self, req: Request) -> tuple[int, object, dict, bool]:
         """handle() plus the `x-api-version: 1` header every /api/ answer carries, recorded in the request
@@ -214,7 +245,8 @@ class App:
                 if kind == API and version is not None and version.strip() != "1":
                     raise HttpError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
                 if fn not in NO_AUTH:
-                    req.key = auth.authenticate(self.store, req.headers, time.time())
+                    req.key = auth.authenticate(self.store, credentials(req.headers, req.query if fn in QUERY_TOKEN
+                                                                        else None), time.time())
                     req.org = req.key.org
                     if "name" in req.params:  # the queue routes: a queue-scoped key stays in its queues
                         keys_store.require_queue(req, req.params["name"])

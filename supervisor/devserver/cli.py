@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-header-bytes", _pos_int, 16384, "max request line + headers; over it 414 / 431")
     add("--events", _on_off, "on", "serve GET /api/v1/events, the server-sent events stream (off: 404, as a "
         "server without it)")
+    add("--webhook-timeout", _pos_float, 10.0, "seconds one outgoing webhook delivery attempt may take in all")
+    add("--webhook-backoff", _pos_float, 1.0, "seconds before the first retry of a failed webhook delivery "
+        "(doubling, 5 attempts in all)")
     add("--max-connections", _pos_int, 1024, "open connections; beyond, a new one gets 503 and is closed")
     add("--request-timeout", _pos_float, 5.0, "seconds a request may take to arrive after its first byte; "
         "then 408 and close")
@@ -195,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     store, key = opened
     cfg = ServerConfig(lease_duration=args.lease_duration, heartbeat_interval=args.heartbeat_interval,
                        max_workers=args.max_workers, max_payload_bytes=args.max_payload_bytes,
-                       max_body_bytes=args.max_body_bytes, events=args.events == "on")
+                       max_body_bytes=args.max_body_bytes, events=args.events == "on",
+                       webhook_timeout=args.webhook_timeout, webhook_backoff=args.webhook_backoff)
     faults = Faults(args.fault_503, args.fault_delay_ms, args.fault_cut, args.fault_delay_fraction, args.fault_seed)
     limiter = RateLimiter(args.rate_limit, args.rate_burst) if args.rate_limit else None
     app = App(store, cfg, faults, limiter)
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             store.close()
             return 2 if isinstance(e, ImportError) else 1
     sweeper = Sweeper(store, args.lease_sweep_interval, args.worker_offline_after, args.worker_sweep_interval,
-                      args.schedule_interval, app.events.job_created).start()
+                      args.schedule_interval).start()
     stop = _stop_event_on_signals()
     serve_in_thread(server)
     _announce(args, key, host, port, grpc_port, faults, limiter)

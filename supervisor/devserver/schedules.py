@@ -98,8 +98,7 @@ def resume(app, req):
 
 def trigger(app, req):
     now = time.time()
-    jid, queue, priority = schedules_store.trigger(app.store, req.org, req.params["id"], now)
-    app.events.job_created(req.org, jid, queue, priority)
+    jid, _, _ = schedules_store.trigger(app.store, req.org, req.params["id"], now)
     return 200, {"job_id": jid, "triggered_at": ts(now)}, None
 
 

@@ -145,6 +145,7 @@ def trigger(store: Store, org: str, sid: str, now: float) -> tuple[str, str, int
         jid = _job_from(store, db, org, row, now)
         db.execute("UPDATE schedules SET last_run_at=?, run_count=run_count+1, updated_at=? WHERE id=?",
                    (now, now, sid))
+    announce(store, org, sid, jid, row[0], row[2], now)
     return jid, row[0], row[2]
 
 
@@ -167,6 +168,7 @@ def fire_due(store: Store, now: float, limit: int = 100) -> list[tuple[str, str,
     """Fire every due schedule once (see the module's contract); the jobs made, as (org, job id, queue,
     priority). A schedule whose expression no longer parses gets no next fire."""
     made = []
+    fired = []
     with store._tx() as db:
         due = db.execute(f"SELECT id, organization_id, cron_expression, {_JOB_COLS} FROM schedules WHERE is_active AND "
                          "next_run_at IS NOT NULL AND next_run_at<=? ORDER BY next_run_at LIMIT ?",
@@ -182,4 +184,16 @@ def fire_due(store: Store, now: float, limit: int = 100) -> list[tuple[str, str,
             db.execute("UPDATE schedules SET last_run_at=?, run_count=run_count+1, next_run_at=?, updated_at=? "
                        "WHERE id=?", (now, next_run, now, sid))
             made.append((org, jid, job[0], job[2]))
+            fired.append((org, sid, jid, job[0], job[2]))
+    for org, sid, jid, queue, priority in fired:
+        announce(store, org, sid, jid, queue, priority, now)
     return made
+
+
+def announce(store: Store, org: str, sid: str, jid: str, queue: str, priority: int, now: float) -> None:
+    """After a fire commits: the job's `job.created` (realtime, webhooks) and the schedule's `schedule.triggered`
+    (webhooks)."""
+    store.publish(org, "job.created", {"job_id": jid, "queue_name": queue, "priority": priority or 0,
+                                       "status": "pending"})
+    store.publish(org, "schedule.triggered", {"schedule_id": sid, "job_id": jid, "queue_name": queue,
+                                              "triggered_at": ts(now)})

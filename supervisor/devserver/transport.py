@@ -127,6 +127,18 @@ class Streamed:
         raise NotImplementedError
 
 
+class Upgrade:
+    """A handler's answer that switches protocols (a WebSocket): `head(headers)` is written as is, then
+    `run(sock, gone)` owns the raw non-blocking socket on the answering thread (the I/O thread no longer
+    reads it) until it returns; then the connection closes. `gone()` says the server stops."""
+
+    def head(self, headers: dict) -> bytes:
+        raise NotImplementedError
+
+    def run(self, sock: socket.socket, gone: Callable[[], bool]) -> None:
+        raise NotImplementedError
+
+
 def stream_head(status: int, headers: dict) -> bytes:
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", "Content-Type: text/event-stream",
              "Cache-Control: no-cache", "Transfer-Encoding: chunked", *(f"{k}: {v}" for k, v in headers.items())]
@@ -238,7 +250,7 @@ class _Conn:
     """
 
     __slots__ = ("server", "sock", "fd", "framer", "lock", "pending", "busy", "owned", "closing", "discarding",
-                 "peer_closed", "registered", "counted", "msg_started", "last_done", "close_at")
+                 "peer_closed", "registered", "counted", "msg_started", "last_done", "close_at", "upgraded")
 
     def __init__(self, server: Server, sock: socket.socket, now: float, counted: bool = True):
         self.server, self.sock, self.fd, self.counted = server, sock, sock.fileno(), counted
@@ -246,6 +258,7 @@ class _Conn:
         self.lock = threading.Lock()
         self.pending: deque = deque()
         self.busy = self.owned = self.closing = self.discarding = self.peer_closed = self.registered = False
+        self.upgraded = False  # a pool thread speaks another protocol on the socket: the loop must not read it
         self.msg_started: float | None = None
         self.last_done = now
         self.close_at: float | None = None
@@ -459,6 +472,9 @@ class Server:
         self.register(conn)
 
     def _on_readable(self, conn: _Conn) -> None:
+        if conn.upgraded:
+            self.unregister(conn)
+            return
         try:
             data = conn.sock.recv(RECV_SIZE)
         except (BlockingIOError, InterruptedError):
@@ -562,6 +578,9 @@ class Server:
             cut = False
             if req is not None:
                 data, close, cut, stream = self._respond(req, close)
+                if isinstance(stream, Upgrade):
+                    self._upgrade(conn, data, stream)
+                    return
                 if stream is not None:
                     self._stream(conn, data, stream)
                     return
@@ -609,11 +628,13 @@ class Server:
         except OSError:
             pass
 
-    def _respond(self, req: Request, close: bool) -> tuple[bytes, bool, bool, Streamed | None]:
-        """(answer bytes, close after?, cut?, None) for one request; for a streamed answer (head bytes, True,
-        False, its body)."""
+    def _respond(self, req: Request, close: bool) -> tuple[bytes, bool, bool, Streamed | Upgrade | None]:
+        """(answer bytes, close after?, cut?, None) for one request; for a streamed or upgraded answer (head
+        bytes, True, False, its body)."""
         try:
             status, body, headers, cut = self.serve(req)
+            if isinstance(body, Upgrade):
+                return body.head(headers), True, False, body
             if isinstance(body, Streamed):
                 return stream_head(status, headers), True, False, body
             head, payload = render(status, body, headers, close or cut, req.method == "HEAD")
@@ -651,6 +672,19 @@ class Server:
             body.pump(send, lambda: True)  # ends at once, releasing what the body holds
         conn.last_done = time.monotonic()
         self._finish(conn, socket.SHUT_WR)
+
+    def _upgrade(self, conn: _Conn, head: bytes, body: Upgrade) -> None:
+        """Write the 101 head, then hand the raw socket to `body.run` on this thread; close when it returns."""
+        with conn.lock:
+            conn.upgraded = True  # from now on the loop takes the socket out of its selector instead of reading
+        try:
+            if send_all(conn.sock, head, time.monotonic() + WRITE_TIMEOUT):
+                body.run(conn.sock, self._stop.is_set)
+        finally:
+            with conn.lock:
+                conn.upgraded = False
+            conn.last_done = time.monotonic()
+            self._finish(conn, socket.SHUT_WR)
 
     def _finish(self, conn: _Conn, how: int) -> None:
         """Stop answering; shut the socket (`how`); the loop drains it and closes it (sweep or EOF)."""
