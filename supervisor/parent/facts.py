@@ -68,6 +68,18 @@ class StopJob:
 
 
 @dataclass(frozen=True)
+class AnswerJob:
+    """The server's answer for `job_id` (`answer`: completed, failed, lease_lost or error), for the child
+    `pid` that ran it: it runs the SDK worker's hooks of that answer between jobs."""
+
+    pid: int
+    job_id: str
+    answer: str
+    error: str = ""
+    operation: str = ""
+
+
+@dataclass(frozen=True)
 class RecallJob:
     """The held job `job_id` is wanted back from the child on `slot` (lease lost, a drain)."""
 
@@ -165,7 +177,7 @@ class Listening:
 
 Heard = WorkCreated | Listening  # what the events stream tells claiming
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | AnswerJob)
 
 
 class Followup(NamedTuple):
