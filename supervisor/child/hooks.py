@@ -12,10 +12,11 @@ Each hook gets the SDK's own event record (`spooled.worker.types.*EventData`), w
                         stopped the job because its lease was lost; one of the three per job, never two.
   error                 when the server refused a report for another reason (the SDK reports those there).
 
-The parent tells the child the server's answer (an `answer` frame) after the child has moved on; the
-child runs these hooks between jobs, never during one: after the report's round trip to the API, and
-once the job running then (if any) has ended. A hook that raises is logged once (per hook) and never
-fails a job; a coroutine hook is run to its end. Hooks make no request to the API.
+The parent learns how a job settled (the server's answer to its report, or a lost lease) after the child has
+moved on, and tells it (a `settled` frame); the child runs these hooks between jobs, never during one: after
+the report's round trip to the API, and once the job running then (if any) has ended. A hook that raises
+is logged once (per hook) and never fails a job; a coroutine hook is run to its end. Hooks make no request
+to the API.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any
 
 log = logging.getLogger("supervisor.child")
 
-ANSWERED = ("job:completed", "job:failed", "job:lease_lost", "error")  # what needs the parent's answer
-MAX_AWAITING = 64  # jobs remembered for their answer; the oldest is forgotten past this
+WANT_SETTLED = ("job:completed", "job:failed", "job:lease_lost", "error")  # what needs the parent's `settled`
+MAX_AWAITING = 64  # jobs remembered until they settle; the oldest is forgotten past this
 
 
 class ReportRefused(Exception):
@@ -47,7 +48,7 @@ def _lease_error(text: str) -> Exception:
 
 
 class Hooks:
-    """The hooks registered on one SDK worker object, and the jobs this child awaits the answer of."""
+    """The hooks registered on one SDK worker object, and the jobs of this child not settled yet."""
 
     def __init__(self, registered: dict[str, list[Callable[..., Any]]], worker_id: str, queue: str):
         from spooled.worker import types  # the worker object exists: its SDK is imported
@@ -55,9 +56,9 @@ class Hooks:
         self.types = types
         self.registered = registered
         self.worker_id, self.queue = worker_id, queue
-        self.wants_answers = any(event in registered for event in ANSWERED)
-        self.awaiting: dict[str, tuple[dict, Any]] = {}  # job id -> (job, the handler's result), done, not answered
-        self.answers: list[dict] = []  # the parent's `answer` frames not acted on yet
+        self.wants_settled = any(event in registered for event in WANT_SETTLED)
+        self.awaiting: dict[str, tuple[dict, Any]] = {}  # job id -> (job, the handler's result), done, not settled
+        self.settled: list[dict] = []  # the parent's `settled` frames not acted on yet
         self._logged: set[int] = set()  # the hooks whose failure was logged
 
     # ---------------------------------------------------------------- the child's life
@@ -75,21 +76,21 @@ class Hooks:
 
     def job_ended(self, job: dict, seen: dict) -> None:
         """Remember the job (and its result) until the parent says how the server took its outcome."""
-        if not self.wants_answers:
+        if not self.wants_settled:
             return
         if len(self.awaiting) >= MAX_AWAITING:
             self.awaiting.pop(next(iter(self.awaiting)))
         self.awaiting[job["id"]] = (job, seen.get("result"))
 
-    def take_answer(self, msg: dict) -> None:
-        """An `answer` frame came: acted on by `run_answers`, between jobs."""
-        self.answers.append(msg)
+    def take_settled(self, msg: dict) -> None:
+        """A `settled` frame came: acted on by `run_settled`, between jobs."""
+        self.settled.append(msg)
 
-    def run_answers(self, running: dict | None = None) -> None:
-        """Run the hooks of the answers that came, for jobs this child ran (`running`: the job it was
-        running when the daemon stopped it, whose answer may have come just before)."""
-        answers, self.answers = self.answers, []
-        for msg in answers:
+    def run_settled(self, running: dict | None = None) -> None:
+        """Run the hooks of the `settled` frames that came, for jobs this child ran (`running`: the job it
+        was running when the daemon stopped it, whose frame may have come just before)."""
+        frames, self.settled = self.settled, []
+        for msg in frames:
             job_id = msg.get("id")
             if not isinstance(job_id, str):
                 continue
@@ -97,24 +98,24 @@ class Hooks:
                 self.awaiting[job_id] = (running, None)
             remembered = self.awaiting.pop(job_id, None)
             if remembered is not None:
-                self._answered(msg, *remembered)
+                self._settled(msg, *remembered)
 
-    def _answered(self, msg: dict, job: dict, result: Any) -> None:
+    def _settled(self, msg: dict, job: dict, result: Any) -> None:
         job_id, queue = job["id"], job.get("queue_name", "")
-        answer, text = msg.get("as"), str(msg.get("error") or "")
-        if answer == "completed":
+        settled_as, text = msg.get("as"), str(msg.get("error") or "")
+        if settled_as == "completed":
             self.emit("job:completed", lambda t: t.JobCompletedEventData(job_id=job_id, queue_name=queue,
                                                                          result=result))
-        elif answer == "failed":
+        elif settled_as == "failed":
             will_retry = int(job.get("retry_count") or 0) < int(job.get("max_retries") or 0)
             self.emit("job:failed", lambda t: t.JobFailedEventData(job_id=job_id, queue_name=queue, error=text,
                                                                    will_retry=will_retry))
-        elif answer == "lease_lost":
+        elif settled_as == "lease_lost":
             operation = str(msg.get("operation") or "heartbeat")
             self.emit("job:lease_lost", lambda t: t.JobLeaseLostEventData(
                 job_id=job_id, queue_name=queue, lease_id=job.get("lease_id"), operation=operation,
                 error=_lease_error(text)))
-        elif answer == "error":
+        elif settled_as == "error":
             self.emit("error", lambda t: t.ErrorEventData(error=ReportRefused(text)))
 
     # ---------------------------------------------------------------- calling them

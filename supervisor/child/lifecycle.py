@@ -6,8 +6,8 @@ In a child's life, in order:
   2. the handler's module is imported (found imported under --preload);
   3. --child-init is called once (`begin`); then tracing is looked for, then the `started` hooks run;
   4. each job: a span (if tracing is on), `job:claimed`, `job:started`, the handler; between jobs, the
-     hooks of the server's answers for earlier jobs (`job:completed`, `job:failed`, `job:lease_lost`);
-  5. a graceful exit (the parent's `stop`): the answers still due are awaited for up to half of
+     hooks of earlier jobs as they settle (`job:completed`, `job:failed`, `job:lease_lost`);
+  5. a graceful exit (the parent's `stop`): the `settled` frames still due are awaited for up to half of
      --child-exit-grace, then the `stopped` hooks, the atexit handlers (the handler's and its libraries':
      Sentry's, OpenTelemetry's span processors, ...) and logging.shutdown() run (`leave`); a child still
      busy when the grace has passed leaves anyway. The parent SIGKILLs a child --kill-grace after asking
@@ -94,7 +94,7 @@ class Life:
     def __init__(self, hooks: hooks_module.Hooks | None, tracer: tracing.JobTracer | None, grace: float):
         self.hooks, self.tracer, self.grace = hooks, tracer, grace
         self.wraps = hooks is not None or tracer is not None
-        self.wants_answers = hooks is not None and hooks.wants_answers
+        self.wants_settled = hooks is not None and hooks.wants_settled
         self.running: dict | None = None  # the job running now, while `run` runs it
         self.frames: Callable[[], list] = list  # what the parent sent and was not read yet (the child's Inbox)
         self.end_began: float | None = None  # when the parent asked this child to go (monotonic)
@@ -116,24 +116,24 @@ class Life:
             hooks.job_ended(job, seen)
         return reply
 
-    # ---------------------------------------------------------------- the parent's answers
-    def take_answer(self, msg: dict) -> None:
+    # ---------------------------------------------------------------- how its jobs settled
+    def take_settled(self, msg: dict) -> None:
         if self.hooks is not None:
-            self.hooks.take_answer(msg)
+            self.hooks.take_settled(msg)
 
     def between_jobs(self) -> None:
-        """Run the hooks of the answers that came (no job runs now)."""
-        if self.hooks is not None and self.hooks.answers:
-            self.hooks.run_answers()
+        """Run the hooks of the jobs whose `settled` frame came (no job runs now)."""
+        if self.hooks is not None and self.hooks.settled:
+            self.hooks.run_settled()
 
     def ending(self, sock: socket.socket) -> None:
-        """The parent asked this child to go: await the answers still due, for up to half the grace."""
+        """The parent asked this child to go: await the `settled` frames still due, for up to half the grace."""
         self.end_began = time.monotonic()
-        if self.wants_answers:
-            self.await_answers(sock, self.frames, self.end_began + self.grace / 2)
+        if self.wants_settled:
+            self.await_settled(sock, self.frames, self.end_began + self.grace / 2)
 
-    def await_answers(self, sock: socket.socket, frames: Callable[[], list], until: float) -> None:
-        """Read the parent's frames until no job waits for its answer or `until` (monotonic)."""
+    def await_settled(self, sock: socket.socket, frames: Callable[[], list], until: float) -> None:
+        """Read the parent's frames until every job done here settled, or `until` (monotonic)."""
         hooks = self.hooks
         while hooks is not None and hooks.awaiting:
             self.between_jobs()
@@ -147,22 +147,22 @@ class Life:
             except (EOFError, OSError):
                 break
             for msg in arrived:
-                if msg.get("t") == "answer":
-                    self.take_answer(msg)
+                if msg.get("t") == "settled":
+                    self.take_settled(msg)
         self.between_jobs()
 
     def job_stopped(self) -> None:
-        """The daemon stopped the running job (SIGTERM): run the hooks of any answer that came meanwhile,
-        that job's lost lease included. Best effort: the parent SIGKILLs after --kill-grace."""
+        """The daemon stopped the running job (SIGTERM): run the hooks of the `settled` frames that came
+        meanwhile, that job's lost lease included. Best effort: the parent SIGKILLs after --kill-grace."""
         if self.hooks is None:
             return
         try:
             for msg in self.frames():
-                if msg.get("t") == "answer":
-                    self.take_answer(msg)
+                if msg.get("t") == "settled":
+                    self.take_settled(msg)
         except (EOFError, OSError):
             pass
-        self.hooks.run_answers(running=self.running)
+        self.hooks.run_settled(running=self.running)
 
     # ---------------------------------------------------------------- the end
     def leave(self) -> None:

@@ -218,15 +218,15 @@ def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_b
 
     Jobs sent while one runs are held, in order, and the next is started as soon as the running one
     ends, without waiting for the parent (supervisor.child.wire describes the frames). `life` wraps each
-    job (hooks, span) and acts on the parent's `answer` frames between jobs."""
+    job (hooks, span) and acts on the parent's `settled` frames between jobs."""
     global _life
     inbox = wire.Inbox(sock)
     if life is not None:
         _life = life
     _life.frames = inbox.arrived
     ready = {"t": "ready", "pid": os.getpid(), "keeper": keeper, "about": getattr(handler, "about", None) or None}
-    if _life.wants_answers:
-        ready["answers"] = True
+    if _life.wants_settled:
+        ready["wants_settled"] = True
     wire.write_frame(sock, ready)
     set_title(f"{title} idle")
     held: dict[str, dict] = {}  # the parent's `job` frames not started yet, by job id, in the order sent
@@ -303,7 +303,7 @@ def next_held(held: dict[str, dict], out: list) -> dict | None:
 
 def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
     """Apply the parent's frames to the held jobs: `job` adds one, `drop` takes one back (answered
-    `dropped`); an `answer` (the server's, for a job done earlier) is kept to act on between jobs. Returns
+    `dropped`); `settled` (how a job done earlier settled) is kept to act on between jobs. Returns
     the frames to send and whether `stop` came."""
     out: list = []
     stop = False
@@ -315,8 +315,8 @@ def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
             out.append({"t": "dropped", "id": msg["id"]})
         elif frame == "stop":
             stop = True
-        elif frame == "answer":
-            _life.take_answer(msg)
+        elif frame == "settled":
+            _life.take_settled(msg)
     return out, stop
 
 

@@ -14,6 +14,7 @@ whose payload is an object carrying a W3C trace context under TRACE_KEY ({"trace
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -87,3 +88,21 @@ def job_tracer(worker_id: str) -> JobTracer | None:
     except Exception:  # an API too old or too broken to trace with: run untraced
         log.warning("OpenTelemetry is imported but could not be used; jobs are not traced", exc_info=True)
         return None
+
+
+TRACEPARENT_RX = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def carry(payload: Any, traceparent: str, tracestate: str | None = None) -> dict:
+    """A copy of `payload` (an object) carrying the W3C trace context under TRACE_KEY, for a producer that
+    has no OpenTelemetry at hand (the `enqueue` command, `run_jobs`). ValueError, saying why, when the
+    payload is not an object or `traceparent` does not look like one (version-traceid-spanid-flags)."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"a trace context travels in an object payload (under {TRACE_KEY!r}), got "
+                         f"{type(payload).__name__}")
+    if not TRACEPARENT_RX.match(traceparent.strip()):
+        raise ValueError(f"traceparent must look like 00-<32 hex>-<16 hex>-<2 hex>, got {traceparent[:80]!r}")
+    context = {"traceparent": traceparent.strip()}
+    if tracestate:
+        context["tracestate"] = tracestate
+    return {**payload, TRACE_KEY: context}

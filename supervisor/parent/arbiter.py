@@ -39,7 +39,6 @@ from supervisor.parent import orphans
 from supervisor.parent.childproc import Child
 from supervisor.parent.claiming import Claiming
 from supervisor.parent.facts import (
-    AnswerJob,
     ChildLost,
     ChildReady,
     DrainAsked,
@@ -51,6 +50,7 @@ from supervisor.parent.facts import (
     JobDone,
     JobReissued,
     JobReturned,
+    JobSettled,
     JobStarted,
     Listening,
     QueueFreed,
@@ -319,8 +319,8 @@ class Arbiter:
         match fact:
             case RecallJob():
                 self.pool.recall_job(fact.slot, fact.job_id)
-            case AnswerJob():
-                self.pool.answer_child(fact)
+            case JobSettled():
+                self.pool.tell_settled(fact)
             case StopJob():
                 self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
             case HandBack():

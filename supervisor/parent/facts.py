@@ -68,13 +68,13 @@ class StopJob:
 
 
 @dataclass(frozen=True)
-class AnswerJob:
-    """The server's answer for `job_id` (`answer`: completed, failed, lease_lost or error), for the child
-    `pid` that ran it: it runs the SDK worker's hooks of that answer between jobs."""
+class JobSettled:
+    """`job_id` settled (`settled_as`: completed, failed, lease_lost, or error when the API refused its
+    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there."""
 
     pid: int
     job_id: str
-    answer: str
+    settled_as: str
     error: str = ""
     operation: str = ""
 
@@ -177,7 +177,7 @@ class Listening:
 
 Heard = WorkCreated | Listening  # what the events stream tells claiming
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | AnswerJob)
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | JobSettled)
 
 
 class Followup(NamedTuple):

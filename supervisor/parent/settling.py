@@ -24,12 +24,12 @@ from supervisor.config import Config
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import (
-    AnswerJob,
     ChildLost,
     Fact,
     Fatal,
     Followup,
     JobDone,
+    JobSettled,
     QueueFreed,
     RecallJob,
     RetryDue,
@@ -134,14 +134,14 @@ class Settling:
                 log_event(log, INFO, "job completed", **fields)
             else:
                 log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
-                return self._expect_retry(entry, now) + answer_child(entry, "failed", str(out.value))
-            return answer_child(entry, "completed")
+                return self._expect_retry(entry, now) + tell_child(entry, "failed", str(out.value))
+            return tell_child(entry, "completed")
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(entry.id)
             self.hooks.job_settled(entry.queue, "lease_lost", entry.duration)
             log_event(log, WARNING, f"{out.verb} refused: this worker no longer holds the job; outcome dropped",
                       error=str(error), **fields)
-            return answer_child(entry, "lease_lost", str(error), out.verb)
+            return tell_child(entry, "lease_lost", str(error), out.verb)
         elif isinstance(error, api.Unauthorized):
             self.inflight.pop(entry.id)
             return [Fatal(exitcodes.AUTH, str(error))]
@@ -154,7 +154,7 @@ class Settling:
             self.inflight.pop(entry.id)
             log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),
                       **fields)
-            return answer_child(entry, "error", str(error), out.verb)
+            return tell_child(entry, "error", str(error), out.verb)
         else:
             wait = backoff(entry.report_attempts, 0.2, 15.0)
             if isinstance(error, api.RateLimited) and error.retry_after:
@@ -247,10 +247,10 @@ class Settling:
         self.hooks.job_settled(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
         if entry.slot is None:
-            return answer_child(entry, "lease_lost", error, "heartbeat")
+            return tell_child(entry, "lease_lost", error, "heartbeat")
         if entry.held:
             return [RecallJob(entry.slot, entry.id)]
-        return [*answer_child(entry, "lease_lost", error, "heartbeat"), StopJob(entry.slot, entry.id, "lease_lost")]
+        return [*tell_child(entry, "lease_lost", error, "heartbeat"), StopJob(entry.slot, entry.id, "lease_lost")]
 
     def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
@@ -258,9 +258,9 @@ class Settling:
         self._report(entry)
 
 
-def answer_child(entry: Entry, answer: str, error: str = "", operation: str = "") -> list[Fact]:
-    """The server's answer for a job that reached a child, for that child (AnswerJob): the SDK worker's hooks
-    run there. Nothing for a job no child started."""
+def tell_child(entry: Entry, settled_as: str, error: str = "", operation: str = "") -> list[Fact]:
+    """How a job settled, for the child that ran it (JobSettled): the SDK worker's hooks run there. Nothing
+    for a job no child started."""
     if entry.pid is None or entry.started_at is None:
         return []
-    return [AnswerJob(entry.pid, entry.id, answer, error[:2000], operation)]
+    return [JobSettled(entry.pid, entry.id, settled_as, error[:2000], operation)]
