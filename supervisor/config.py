@@ -86,6 +86,8 @@ class Config:
     procs_source: str = ""  # where `procs` came from, for the start-up log
     queue_source: str = ""  # where the queue came from when --queue was not given (the handler's SDK worker)
     share_api_key: bool = False  # children get SPOOLED_API_KEY and SPOOLED_API_URL
+    child_init: str | None = None  # module:function each child calls once, after the handler's import
+    child_exit_grace: float = 2.0  # seconds a leaving child has for its `stopped` hooks, atexit and logging
 
     @property
     def first_queue(self) -> str:
@@ -289,6 +291,12 @@ OPTIONS: tuple[Option, ...] = (
            "default 85%%", "N%|MB"),
     Option("--memory-max", "SPOOLED_MEMORY_MAX", parse_memory_level, (95.0, True), "above this, also stop the "
            "newest running job (it fails with MemoryPressure and retries elsewhere); default 95%%", "N%|MB"),
+    Option("--child-init", "SPOOLED_CHILD_INIT", parse_handler, None, "module:function each child calls once, "
+           "after the handler's import and before its first job (after every fork under --preload): open pools, "
+           "reseed, init Sentry or tracing", "MOD:FN"),
+    Option("--child-exit-grace", "SPOOLED_CHILD_EXIT_GRACE", number(0, 300), 2.0, "seconds a child leaving gracefully "
+           "(recycle, reload, drain, scale-down) has to run its stopped hooks, atexit handlers and logging "
+           "flush, 0-300; default 2", "S"),
     Option("--kill-grace", "SPOOLED_KILL_GRACE", number(0), 3.0, "seconds between SIGTERM and SIGKILL when "
            "stopping a child; default 3", "S"),
     Option("--max-result-bytes", "SPOOLED_MAX_RESULT_BYTES", whole(1024), 1_900_000, "largest JSON result sent "
@@ -533,5 +541,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         log_level=values["log_level"], prefetch=values["prefetch"], max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
-        preload=values["preload"], memory_high=high, memory_max=top,
+        preload=values["preload"], memory_high=high, memory_max=top, child_init=values["child_init"],
+        child_exit_grace=float(values["child_exit_grace"]),
     )

@@ -78,7 +78,8 @@ def find_owner(module: Any, fn: Any) -> tuple[str, Any] | None:
 
 def report(spec: str, facts: dict, given_queues: tuple[str, ...] | None) -> list[tuple[str, dict]]:
     """The start-up report on the handler's SDK worker as (message, fields) lines: what was taken, what was
-    ignored (and what sets it here), a start() the module called, and the event hooks that do not run.
+    ignored (and what sets it here), and a start() the module called. Its event hooks run in the children
+    (supervisor.child.hooks): nothing to report about them.
     `given_queues` is what --queue named, or None when the queue was taken from the worker."""
     lines: list[tuple[str, dict]] = []
     kind, queue = facts.get("worker"), facts.get("queue_name")
@@ -93,6 +94,4 @@ def report(spec: str, facts: dict, given_queues: tuple[str, ...] | None) -> list
     for called in facts.get("start_called") or []:
         lines.append((f"the handler's module called {called}.start(); it did nothing: the daemon runs the "
                       "@process function itself", {"worker": called}))
-    if facts.get("hooks"):
-        lines.append((f"the {kind}'s event hooks (worker.on) are not run under the daemon", {"hooks": facts["hooks"]}))
     return lines

@@ -38,6 +38,8 @@ from typing import Any
 
 import requests
 
+from supervisor.child.tracing import carry
+
 SETTLED = frozenset({"completed", "deadletter", "failed", "cancelled"})
 # Options run_jobs sets itself; the rest of `python -m supervisor run --help` is open to daemon_options.
 OWN_OPTIONS = frozenset({"queue", "handler", "procs", "api_url", "api_key", "api_key_file", "worker_id"})
@@ -236,8 +238,11 @@ class DevServer:
             raise requests.HTTPError(f"{method} {path}: {answer.status_code} {answer.text[:500]}", response=answer)
         return answer.json() if answer.content else None
 
-    def enqueue(self, queue: str, payload: Any, **job_fields: Any) -> str:
-        """Create one job (`POST /api/v1/jobs`; fields such as max_retries, timeout_seconds, priority); its id."""
+    def enqueue(self, queue: str, payload: Any, traceparent: str | None = None, **job_fields: Any) -> str:
+        """Create one job (`POST /api/v1/jobs`; fields such as max_retries, timeout_seconds, priority); its id.
+        `traceparent` (W3C) goes into the payload, an object, for the job's span to continue that trace."""
+        if traceparent is not None:
+            payload = carry(payload, traceparent)
         return self._ok("POST", "/api/v1/jobs", {"queue_name": queue, "payload": payload, **job_fields})["id"]
 
     def job(self, job_id: str) -> dict:
@@ -393,11 +398,13 @@ def temporary_dev_server() -> Iterator[DevServer]:
 
 def run_jobs(handler: str | Callable, payloads: Iterable[Any], *, procs: int = 1, timeout: float = 60.0,
              server: DevServer | None = None, queue: str | None = None, max_retries: int | None = None,
-             job_fields: Mapping[str, Any] | None = None, **daemon_options: Any) -> list[FinishedJob]:
+             job_fields: Mapping[str, Any] | None = None, traceparent: str | None = None,
+             **daemon_options: Any) -> list[FinishedJob]:
     """Run `payloads` through `handler` under the real daemon; the settled jobs in payload order.
 
     `handler` is 'package.module:function' or a module-level function. `procs` children run them.
-    `max_retries` and `job_fields` (e.g. {"timeout_seconds": 5, "priority": 10}) go into every job.
+    `max_retries` and `job_fields` (e.g. {"timeout_seconds": 5, "priority": 10}) go into every job;
+    `traceparent` (W3C) into every payload, each an object, for the jobs' spans to continue that trace.
     Any other keyword is a daemon flag: lease=10 -> --lease 10, max_memory_per_child=256 ->
     --max-memory-per-child 256 (poll_interval defaults to 0.2 s here). `timeout` bounds the wait for
     the jobs to settle. Without `server` a dev server is started and stopped around the run.
@@ -407,6 +414,8 @@ def run_jobs(handler: str | Callable, payloads: Iterable[Any], *, procs: int = 1
     spec = handler_spec(handler)
     args = daemon_args({**DEFAULT_OPTIONS, **daemon_options})  # a bad option fails before anything starts
     payloads = list(payloads)
+    if traceparent is not None:
+        payloads = [carry(payload, traceparent) for payload in payloads]
     fields = dict(job_fields or {})
     if max_retries is not None:
         fields["max_retries"] = max_retries

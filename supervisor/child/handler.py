@@ -71,12 +71,14 @@ def parse_spec(spec: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class Handler:
-    """A loaded handler: the function to call per job, whether it is a coroutine function, and what the
-    parent reports once about the SDK worker it came from (`about`, empty for a plain function)."""
+    """A loaded handler: the function to call per job, whether it is a coroutine function, what the
+    parent reports once about the SDK worker it came from (`about`, empty for a plain function), and that
+    worker (None for a plain function), whose event hooks the child runs."""
 
     fn: Callable[..., Any]
     is_async: bool
     about: dict = field(default_factory=dict)
+    worker: Any = None
 
     def __call__(self, ctx: Any) -> Any:
         return self.fn(ctx)
@@ -119,13 +121,13 @@ def _as_handler(spec: str, module: Any, obj: Any) -> Handler:
         if fn is None:
             raise HandlerSpecError(f"{spec} is a {kind} with no handler registered: decorate the job function "
                                    "with @worker.process")
-        return Handler(fn, _is_async(fn) or kind == "AsyncSpooledWorker", sdkworker.worker_facts(obj, kind))
+        return Handler(fn, _is_async(fn) or kind == "AsyncSpooledWorker", sdkworker.worker_facts(obj, kind), obj)
     if not callable(obj) or inspect.isclass(obj):
         what = f"the class {obj.__name__}" if inspect.isclass(obj) else f"a {type(obj).__name__}"
         raise HandlerSpecError(f"{spec} is {what}, not a handler or a SpooledWorker")
     owner = sdkworker.find_owner(module, obj)
     about = sdkworker.worker_facts(owner[1], sdkworker.worker_kind(owner[1]) or "") if owner else {}
-    return Handler(obj, _is_async(obj), about)
+    return Handler(obj, _is_async(obj), about, owner[1] if owner else None)
 
 
 def _is_async(fn: Any) -> bool:

@@ -26,7 +26,7 @@ import traceback
 import orjson
 
 from supervisor import exactjson
-from supervisor.child import group, wire
+from supervisor.child import group, lifecycle, wire
 from supervisor.child.handler import (
     KEY_VARIABLE,
     AsyncJobContext,
@@ -49,6 +49,7 @@ class JobStopped(BaseException):
 
 
 _running: JobContext | AsyncJobContext | None = None  # the job this child runs now (SIGTERM sets its signal)
+_life = lifecycle.Life(None, None, lifecycle.DEFAULT_EXIT_GRACE)  # what wraps its jobs and exit (child.lifecycle)
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -140,10 +141,11 @@ def _format_error(exc: BaseException, limit: int) -> str:
     return f"{head}\n{tail}"
 
 
-def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
+def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dict | None = None) -> dict:
     """Run one job and build the `done` message; never raises (SystemExit included). The result is encoded
     here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
-    the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`."""
+    the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`. `seen`, if
+    given, gets the handler's return value ("result") or exception ("error")."""
     global _running
     ctx = _running = new_context(handler, job, worker_id)
     try:
@@ -151,12 +153,18 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     except JobStopped:
         raise
     except SystemExit as exc:
+        if seen is not None:
+            seen["error"] = exc
         return {"t": "done", "id": job["id"], "ok": False,
                 "error": f"SystemExit: handler called sys.exit({exc.code!r})"}
     except BaseException as exc:  # KeyboardInterrupt included: the job fails, the child lives
+        if seen is not None:
+            seen["error"] = exc
         return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
     finally:
         _running = None
+    if seen is not None:
+        seen["result"] = result
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
@@ -183,8 +191,10 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
     os.environ.update(env or {})
+    lifecycle.forget_inherited_exits()
     try:
         handler = load_handler(handler_spec)
+        life = lifecycle.begin(handler, worker_id)  # --child-init, tracing, the `started` hooks
     except BaseException as exc:
         try:
             wire.write_frame(sock, {"t": "boot_error", "error": boot_error_text(exc)})
@@ -192,24 +202,33 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
             os._exit(BOOT_ERROR_EXIT)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        serve(sock, handler, title, worker_id, max_result_bytes, keeper)
+        serve(sock, handler, title, worker_id, max_result_bytes, keeper, life)
     except JobStopped:
+        life.job_stopped()
         _die_of_sigterm()
+    life.leave()  # the `stopped` hooks, atexit handlers, logging.shutdown(), within --child-exit-grace
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_bytes: int,
-          keeper: int | None = None) -> None:
+          keeper: int | None = None, life: lifecycle.Life | None = None) -> None:
     """Say `ready` (with the keeper's pid), then run each job the parent sends until it says `stop` or goes away.
 
     Jobs sent while one runs are held, in order, and the next is started as soon as the running one
-    ends, without waiting for the parent (supervisor.child.wire describes the frames)."""
-    wire.write_frame(sock, {"t": "ready", "pid": os.getpid(), "keeper": keeper,
-                            "about": getattr(handler, "about", None) or None})
-    set_title(f"{title} idle")
+    ends, without waiting for the parent (supervisor.child.wire describes the frames). `life` wraps each
+    job (hooks, span) and acts on the parent's `settled` frames between jobs."""
+    global _life
     inbox = wire.Inbox(sock)
+    if life is not None:
+        _life = life
+    _life.frames = inbox.arrived
+    ready = {"t": "ready", "pid": os.getpid(), "keeper": keeper, "about": getattr(handler, "about", None) or None}
+    if _life.wants_settled:
+        ready["wants_settled"] = True
+    wire.write_frame(sock, ready)
+    set_title(f"{title} idle")
     held: dict[str, dict] = {}  # the parent's `job` frames not started yet, by job id, in the order sent
     job: dict | None = None
     going = True
@@ -218,6 +237,8 @@ def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_b
             job, going = take_next(sock, inbox, held)
         else:
             job, going = run_then_next(sock, handler, job, held, inbox, title, worker_id, max_result_bytes)
+        _life.between_jobs()
+    _life.ending(sock)
 
 
 def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, dict]) -> tuple[dict | None, bool]:
@@ -244,7 +265,10 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
     """Run `job`, read what the parent sent meanwhile, and start the next held job at once, naming it in
     the `done` frame. Returns that job (None if none is held) and whether to go on."""
     set_title(f"{title} busy {job['id']}")
-    reply = run_job(handler, job, worker_id, max_result_bytes)
+    if _life.wraps:
+        reply = _life.run(job, lambda seen: run_job(handler, job, worker_id, max_result_bytes, seen))
+    else:
+        reply = run_job(handler, job, worker_id, max_result_bytes)
     try:
         frames = inbox.arrived()
     except (EOFError, OSError):
@@ -279,7 +303,8 @@ def next_held(held: dict[str, dict], out: list) -> dict | None:
 
 def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
     """Apply the parent's frames to the held jobs: `job` adds one, `drop` takes one back (answered
-    `dropped`). Returns the answers to send and whether `stop` came."""
+    `dropped`); `settled` (how a job done earlier settled) is kept to act on between jobs. Returns
+    the frames to send and whether `stop` came."""
     out: list = []
     stop = False
     for msg in frames:
@@ -290,6 +315,8 @@ def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
             out.append({"t": "dropped", "id": msg["id"]})
         elif frame == "stop":
             stop = True
+        elif frame == "settled":
+            _life.take_settled(msg)
     return out, stop
 
 

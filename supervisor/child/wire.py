@@ -11,8 +11,8 @@ Child side: `Inbox` reads (blocking for the next frame, or taking only what has 
 
 Messages (`t` is the type):
   parent -> child: {"t": "job", "job": {...claimed job...}, "held"?: true, "start_by"?}, {"t": "drop", "id"},
-                   {"t": "stop"}
-  child -> parent: {"t": "ready", "pid", "keeper"}, {"t": "boot_error", "error"},
+                   {"t": "stop"}, {"t": "settled", "id", "as", "error", "operation"}
+  child -> parent: {"t": "ready", "pid", "keeper", "about", "wants_settled"?: true}, {"t": "boot_error", "error"},
                    {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"},
                    {"t": "dropped", "id"}, {"t": "started", "id", "at"}
 
@@ -22,6 +22,10 @@ time.monotonic()`), or, if it was idle by the time the job came, in a `started` 
 `start_by` (time.monotonic(): its lease may have run out) it gives it back unstarted (`dropped`). `drop` asks
 for a held job back: the child answers `dropped` if it had not started it (else the frame saying it
 started has already gone out).
+
+`settled` tells a child that said `wants_settled` (its SDK worker has hooks for those events) how a job it
+ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); the child acts on
+it between jobs (supervisor.child.hooks).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import os
 import sys
 
 from supervisor import cli, exactjson
+from supervisor.child.tracing import TRACE_KEY, carry
 from supervisor.client.rest import ApiError, SpooledAPI
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
@@ -29,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--priority", type=int, help="-100..100")
     p.add_argument("--max-retries", type=int, help="0..100")
     p.add_argument("--timeout-seconds", type=int, help="1..86400")
+    p.add_argument("--traceparent", help="W3C traceparent (00-<trace id>-<span id>-<flags>) the jobs' spans "
+                   f"continue; put in the payload, which must be an object, under {TRACE_KEY!r}")
     p.add_argument("--quiet", action="store_true", help="print only the count, not every job id")
     return p
 
@@ -56,6 +59,12 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         sys.stderr.write(f"error: --payload is not valid JSON: {exc}\n")
         return 2
+    if args.traceparent is not None:
+        try:
+            payload = carry(payload, args.traceparent)
+        except ValueError as exc:
+            sys.stderr.write(f"error: --traceparent: {exc}\n")
+            return 2
     if args.count < 1:
         sys.stderr.write("error: --count must be 1 or more\n")
         return 2

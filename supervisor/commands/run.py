@@ -17,6 +17,7 @@ import orjson
 
 from supervisor import exitcodes
 from supervisor.child.forkservers import start_forkserver
+from supervisor.child.lifecycle import CHILD_INIT_ENV, EXIT_GRACE_ENV
 from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.client.transport import Transport
 from supervisor.config import Config, ConfigError, load_config, parse_queues
@@ -37,6 +38,10 @@ class HandlerRefused(Exception):
     """The handler could not be imported or is not one; str() is the boot error's text."""
 
 
+class ChildInitRefused(HandlerRefused):
+    """--child-init could not be imported or is not callable; str() is the one line to show."""
+
+
 def main(argv: list[str]) -> int:
     try:
         cfg = load_config(argv)
@@ -47,12 +52,15 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
-    if not cfg.queues:
+    if not cfg.queues or cfg.child_init:
         try:
-            cfg = take_queue_from_handler(cfg)
+            cfg = take_queue_from_handler(cfg) if not cfg.queues else check_handler(cfg)
         except ConfigError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return exitcodes.CONFIG
+        except ChildInitRefused as exc:
+            log_event(log, ERROR, str(exc))
+            return exitcodes.HANDLER_IMPORT
         except HandlerRefused as exc:
             log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
             return exitcodes.HANDLER_IMPORT
@@ -65,6 +73,7 @@ def main(argv: list[str]) -> int:
         return exitcodes.WORKER_ID_IN_USE
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
+    hand_to_children(cfg)
     start_forkserver(cfg.handler if cfg.preload else None)  # with the key and the notify socket out of the
     # environment, before any thread; with --preload it imports the handler's module (the parent never does)
     arbiter = Arbiter(cfg, choose_transport(cfg, client, hooks), hooks)
@@ -140,6 +149,21 @@ def _read_row(client: SpooledAPI, worker_id: str) -> dict | None:
     return row if isinstance(row, dict) else None
 
 
+def hand_to_children(cfg: Config, environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Put the children's own settings where they read them: the environment the forkserver inherits."""
+    if cfg.child_init:
+        environ[CHILD_INIT_ENV] = cfg.child_init
+    else:
+        environ.pop(CHILD_INIT_ENV, None)
+    environ[EXIT_GRACE_ENV] = repr(cfg.child_exit_grace)
+
+
+def check_handler(cfg: Config) -> Config:
+    """--queue given and --child-init set: import both in a process of their own before any child starts."""
+    probe_handler(cfg)
+    return cfg
+
+
 def take_queue_from_handler(cfg: Config) -> Config:
     """--queue not given: the queue of the handler's SDK worker (the handler is a SpooledWorker, or a
     function one registered with @worker.process), read by importing the handler in a process of its own."""
@@ -163,7 +187,8 @@ def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the modules the children would find
     read_end, write_end = os.pipe()
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", cfg.handler, str(write_end)],
+        init = [cfg.child_init] if cfg.child_init else []
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", cfg.handler, str(write_end), *init],
                                 pass_fds=(write_end,), env=env, stdin=subprocess.DEVNULL)
     finally:
         os.close(write_end)
@@ -181,6 +206,8 @@ def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:
         answer = orjson.loads(data)
     except orjson.JSONDecodeError:
         raise HandlerRefused(f"the process importing the handler died ({death(proc.returncode)})") from None
+    if "init_error" in answer:
+        raise ChildInitRefused(answer["init_error"])
     if "error" in answer:
         raise HandlerRefused(answer["error"])
     return answer.get("about") or {}

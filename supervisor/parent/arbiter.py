@@ -50,6 +50,7 @@ from supervisor.parent.facts import (
     JobDone,
     JobReissued,
     JobReturned,
+    JobSettled,
     JobStarted,
     Listening,
     QueueFreed,
@@ -318,6 +319,8 @@ class Arbiter:
         match fact:
             case RecallJob():
                 self.pool.recall_job(fact.slot, fact.job_id)
+            case JobSettled():
+                self.pool.tell_settled(fact)
             case StopJob():
                 self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
             case HandBack():

@@ -68,6 +68,18 @@ class StopJob:
 
 
 @dataclass(frozen=True)
+class JobSettled:
+    """`job_id` settled (`settled_as`: completed, failed, lease_lost, or error when the API refused its
+    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there."""
+
+    pid: int
+    job_id: str
+    settled_as: str
+    error: str = ""
+    operation: str = ""
+
+
+@dataclass(frozen=True)
 class RecallJob:
     """The held job `job_id` is wanted back from the child on `slot` (lease lost, a drain)."""
 
@@ -165,7 +177,7 @@ class Listening:
 
 Heard = WorkCreated | Listening  # what the events stream tells claiming
 Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard)
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | JobSettled)
 
 
 class Followup(NamedTuple):

@@ -26,7 +26,7 @@ from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.ops.procmem import TreeMemory, tree_memory
 from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
-from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobStarted
+from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobSettled, JobStarted
 
 log = logging.getLogger("supervisor")
 
@@ -65,6 +65,7 @@ class ChildPool:
         self.sel = sel  # the arbiter's selector: children's sockets and sentinels are watched there
         self.hooks = hooks
         self.children: dict[int, Child] = {}  # slot -> the live child in it
+        self.settle_watchers: dict[int, Child] = {}  # pid -> a child told how its jobs settle (for its SDK hooks)
         self.target: int = cfg.procs  # how many children we want
         self.respawn_at: dict[int, float] = {}  # slot -> earliest restart after a failed start
         self.boot_failures: dict[int, int] = {}  # slot -> failed starts in a row
@@ -190,6 +191,18 @@ class ChildPool:
         self._watch_writes(child)
         return True
 
+    def tell_settled(self, fact: JobSettled) -> None:
+        """Tell the child that ran `fact.job_id` how it settled (a `settled` frame), if it asked and lives."""
+        child = self.settle_watchers.get(fact.pid)
+        if child is None:
+            return
+        try:
+            child.chan.send({"t": "settled", "id": fact.job_id, "as": fact.settled_as, "error": fact.error,
+                             "operation": fact.operation})
+        except OSError:
+            return  # it is dying: the sentinel reports it
+        self._watch_writes(child)
+
     def recall_job(self, slot: int, job_id: str) -> None:
         """Ask the child on `slot` to give back its held job `job_id` (answered by a `JobReturned`, or a
         `JobStarted` if it had started it)."""
@@ -261,6 +274,8 @@ class ChildPool:
         for msg in messages:
             frame = msg.get("t")
             if frame == "ready":
+                if msg.get("wants_settled") is True and child.pid:  # its SDK worker has hooks for those events
+                    self.settle_watchers[child.pid] = child
                 keeper = msg.get("keeper")
                 facts.append(ready := self._ready(child, now, keeper if isinstance(keeper, int) else None))
                 if ready.first and isinstance(msg.get("about"), dict):
@@ -468,6 +483,8 @@ class ChildPool:
 
     def _forget(self, child: Child) -> None:
         self.changed = True
+        if child.pid is not None and self.settle_watchers.get(child.pid) is child:
+            del self.settle_watchers[child.pid]
         if self.children.get(child.slot) is child:
             del self.children[child.slot]
         self._unwatch(child.chan.sock)

@@ -29,6 +29,7 @@ from supervisor.parent.facts import (
     Fatal,
     Followup,
     JobDone,
+    JobSettled,
     QueueFreed,
     RecallJob,
     RetryDue,
@@ -133,13 +134,14 @@ class Settling:
                 log_event(log, INFO, "job completed", **fields)
             else:
                 log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
-                return self._expect_retry(entry, now)
-            return []
+                return self._expect_retry(entry, now) + tell_child(entry, "failed", str(out.value))
+            return tell_child(entry, "completed")
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):
             self.inflight.pop(entry.id)
             self.hooks.job_settled(entry.queue, "lease_lost", entry.duration)
             log_event(log, WARNING, f"{out.verb} refused: this worker no longer holds the job; outcome dropped",
                       error=str(error), **fields)
+            return tell_child(entry, "lease_lost", str(error), out.verb)
         elif isinstance(error, api.Unauthorized):
             self.inflight.pop(entry.id)
             return [Fatal(exitcodes.AUTH, str(error))]
@@ -152,6 +154,7 @@ class Settling:
             self.inflight.pop(entry.id)
             log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),
                       **fields)
+            return tell_child(entry, "error", str(error), out.verb)
         else:
             wait = backoff(entry.report_attempts, 0.2, 15.0)
             if isinstance(error, api.RateLimited) and error.retry_after:
@@ -244,10 +247,20 @@ class Settling:
         self.hooks.job_settled(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
         if entry.slot is None:
-            return []
-        return [RecallJob(entry.slot, entry.id) if entry.held else StopJob(entry.slot, entry.id, "lease_lost")]
+            return tell_child(entry, "lease_lost", error, "heartbeat")
+        if entry.held:
+            return [RecallJob(entry.slot, entry.id)]
+        return [*tell_child(entry, "lease_lost", error, "heartbeat"), StopJob(entry.slot, entry.id, "lease_lost")]
 
     def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
         self.inflight.record_outcome(entry, Outcome(False, error, label), now)
         self._report(entry)
+
+
+def tell_child(entry: Entry, settled_as: str, error: str = "", operation: str = "") -> list[Fact]:
+    """How a job settled, for the child that ran it (JobSettled): the SDK worker's hooks run there. Nothing
+    for a job no child started."""
+    if entry.pid is None or entry.started_at is None:
+        return []
+    return [JobSettled(entry.pid, entry.id, settled_as, error[:2000], operation)]

@@ -119,3 +119,13 @@ def test_the_steady_rate_leaves_out_the_ends_of_a_batch(tmp_path):
     assert jobs == 15 and abs(secs - 0.15) < 1e-9  # the 3rd to the 18th completion: 1.01 .. 1.16
     assert reader.span("q") == (20, 3.0)
     assert reader.steady("few") == (0, 0.0) and reader.steady("none") == (0, 0.0)
+
+
+@pytest.mark.timeout(60)
+def test_child_life_cost_tiny_run():
+    """benchmarks/child_life_cost.py: every row, a positive CPU time per job."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "child_life_cost.py"), "--jobs", "200"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()}
+    assert set(rows) == {"before", "no-op", "traced", "hooks", "parent"} and all(v > 0 for v in rows.values())

@@ -76,6 +76,26 @@ def test_enqueue_submits_jobs_in_bulk(dev_server):
     assert bad.returncode == 2 and bad.stderr.startswith("error: --payload is not valid JSON")
 
 
+@pytest.mark.timeout(60)
+def test_enqueue_carries_a_trace_context_in_an_object_payload(dev_server):
+    env = dict(os.environ, SPOOLED_API_KEY=dev_server.api_key)
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def enqueue(payload: str, traceparent: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "supervisor", "enqueue", "--api-url", dev_server.url, "--queue",
+                               "q-trace", "--payload", payload, "--traceparent", traceparent], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=30)
+
+    run = enqueue('{"n": 1}', parent)
+    assert run.returncode == 0, run.stderr
+    assert dev_server.job(run.stdout.strip())["payload"] == {"n": 1, "_spooled_trace": {"traceparent": parent}}
+    for payload, traceparent, says in (("[1]", parent, "object payload"),
+                                       ("{}", "<script>", "traceparent must look like")):
+        bad = enqueue(payload, traceparent)
+        assert bad.returncode == 2 and bad.stderr.startswith("error: --traceparent: ") and says in bad.stderr
+        assert len(bad.stderr.splitlines()) == 1
+
+
 def test_help_lists_subcommands_and_options():
     top = subprocess.run([sys.executable, "-m", "supervisor", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert top.returncode == 0 and all(w in top.stdout for w in ("run", "dev-server", "demo", "enqueue", "status"))

@@ -183,3 +183,13 @@ def test_handlers_are_named_or_module_level_functions():
     with pytest.raises(ValueError, match="package.module:function"):
         handler_spec("no_colon")
     assert run_jobs(MISBEHAVE, []) == []
+
+
+def test_run_jobs_and_enqueue_carry_a_trace_context(spooled_dev_server):
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    (done,) = run_jobs(MISBEHAVE, [{"do": "echo"}], server=spooled_dev_server, traceparent=parent)
+    assert done.result["echo"] == {"do": "echo", "_spooled_trace": {"traceparent": parent}}
+    jid = spooled_dev_server.enqueue("traced", {"a": 1}, traceparent=parent)
+    assert spooled_dev_server.job(jid)["payload"]["_spooled_trace"] == {"traceparent": parent}
+    with pytest.raises(ValueError, match="object payload"):
+        spooled_dev_server.enqueue("traced", "text", traceparent=parent)

@@ -13,7 +13,7 @@ from support.parent_fakes import Hooks, Submit, body, error, fake_child, make_ap
 
 from supervisor import exitcodes
 from supervisor.client import rest as api
-from supervisor.parent.facts import ChildLost, Fatal, JobDone, StopJob
+from supervisor.parent.facts import ChildLost, Fatal, JobDone, JobSettled, StopJob
 from supervisor.parent.intake import HISTORY_MIN_JOBS
 
 T0 = 100.0
@@ -190,7 +190,8 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     rig.run("a", slot=1)
     old = rig.entry("a")
     facts = rig.claim(T0 + 40, 1, [dict(job("a"), lease_id="L-new")])
-    assert facts == [StopJob(1, "a", "lease_lost")]
+    assert facts == [JobSettled(old.pid, "a", "lease_lost", "handed out again", "heartbeat"),
+                     StopJob(1, "a", "lease_lost")]
     assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
@@ -250,7 +251,8 @@ def test_no_claim_while_the_budget_holds(rig):
 def test_report_ok_settles_the_job(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 2.5)
-    assert followup.answer({}, None, T0 + 2.6) == []
+    entry = rig.entry("a")
+    assert followup.answer({}, None, T0 + 2.6) == [JobSettled(entry.pid, "a", "completed")]  # for its child's hooks
     assert rig.entry("a") is None and rig.flow.claiming.drained()
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", 2.5)]
 
@@ -269,7 +271,9 @@ def test_report_refused_because_the_job_is_no_longer_ours_drops_it(rig, answer):
     assert isinstance(answer, (api.LeaseLost, api.AlreadyFinished))
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    assert followup.answer(None, answer, T0 + 1.1) == []
+    entry = rig.entry("a")
+    settled = JobSettled(entry.pid, "a", "lease_lost", str(answer), "complete")
+    assert followup.answer(None, answer, T0 + 1.1) == [settled]
     assert rig.entry("a") is None
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "lease_lost", 1.0)]
     assert rig.flow.enforce(T0 + 100) == [] and rig.submit.calls == []  # nothing resent
@@ -337,7 +341,9 @@ def test_result_rejected_with_422_becomes_a_failure_report(rig):
 def test_failure_report_rejected_is_dropped(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", ok=False, value="boom", now=T0 + 1)
-    assert followup.answer(None, error(400, "BAD_REQUEST"), T0 + 1.1) == []
+    entry = rig.entry("a")
+    refused = error(400, "BAD_REQUEST")
+    assert followup.answer(None, refused, T0 + 1.1) == [JobSettled(entry.pid, "a", "error", str(refused), "fail")]
     assert rig.entry("a") is None and rig.submit.calls == []
 
 
@@ -401,7 +407,9 @@ def test_renewal_lease_lost_stops_the_child_and_drops_the_job(rig, answer):
     rig.run("a", slot=3)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    assert followup.answer(None, answer, T0 + 10.1) == [StopJob(3, "a", "lease_lost")]
+    pid = rig.entry("a").pid
+    assert followup.answer(None, answer, T0 + 10.1) == [JobSettled(pid, "a", "lease_lost", str(answer), "heartbeat"),
+                                                         StopJob(3, "a", "lease_lost")]
     assert rig.entry("a") is None
     assert ("lease_renewed", "lost") in rig.hooks.events
     assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events

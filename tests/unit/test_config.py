@@ -34,6 +34,8 @@ BAD_VALUES = {
     "SPOOLED_MEMORY_HIGH": ("101%", "between 1% and 100%"),
     "SPOOLED_MEMORY_MAX": ("lots", "whole number of MiB"),
     "SPOOLED_KILL_GRACE": ("nan", "0 or more"),
+    "SPOOLED_CHILD_INIT": ("nocolon", "package.module:function"),
+    "SPOOLED_CHILD_EXIT_GRACE": ("301", "between 0 and 300"),
     "SPOOLED_MAX_RESULT_BYTES": ("1000", "1024 or more"),
     "SPOOLED_API_TIMEOUT": ("121", "between 0.5 and 120"),
     "SPOOLED_CA_BUNDLE": ("/nonexistent/ca.pem", "not a readable file"),
