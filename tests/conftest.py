@@ -269,11 +269,13 @@ class OutputPump(testing.OutputPump):
 
 
 class DevServer:
-    """A real `python -m supervisor dev-server` subprocess on a free loopback port."""
+    """A real `python -m supervisor dev-server` subprocess on loopback: on the port it binds itself (port 0, read
+    back from its start line: no other process can take it in between), or on `port` (a restart on the same
+    address)."""
 
     def __init__(self, db: str, port: int | None = None, extra: list[str] | None = None, env: dict | None = None):
         self.db = db
-        self.port = port or free_port()
+        self.port = port or 0
         self.extra = list(extra or [])
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -303,7 +305,8 @@ class DevServer:
         _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
         self.api_key = self.out.wait_for(r"API key: (\S+)").group(1)
-        self.out.wait_for(r"listening on http://")
+        self.port = int(self.out.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self._ready, timeout=10, what="dev server /health/ready")
         return self
 
@@ -441,6 +444,11 @@ class Daemon:
     def wait_ready(self, timeout: float = 20.0) -> Daemon:
         self.out.wait_for(r'"msg":"ready"', timeout)
         return self
+
+    @property
+    def health_port(self) -> int:
+        """The port the daemon bound for `--health-port 0`, read from its "serving the health port" line."""
+        return int(self.out.wait_for(r'"msg":"serving the health port".*"port":(\d+)', 30).group(1))
 
     def records(self) -> list[dict]:
         """The daemon's JSON log lines so far, in order."""

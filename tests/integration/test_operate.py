@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 import requests
-from conftest import Daemon, free_port, wait_for_status, wait_until
+from conftest import Daemon, wait_for_status, wait_until
 from support.intake_helpers import status as status_of
 
 
@@ -63,10 +63,10 @@ def environ_of(pid: int) -> list[str]:
 
 @pytest.mark.timeout(60)
 def test_health_port_metrics_and_status_command(dev_server):
-    port = free_port()
     ids = [dev_server.enqueue("q-metrics", {"do": "echo", "n": i}) for i in range(5)]
     bad = dev_server.enqueue("q-metrics", {"do": "raise"}, max_retries=0)
-    daemon = Daemon(dev_server, "q-metrics", procs=2, worker_id="w-metrics", args=["--health-port", str(port)]).start()
+    daemon = Daemon(dev_server, "q-metrics", procs=2, worker_id="w-metrics", args=["--health-port", "0"]).start()
+    port = daemon.health_port
     try:
         wait_for_status(dev_server, ids)
         wait_for_status(dev_server, [bad], statuses=("deadletter",))
@@ -122,10 +122,10 @@ def test_json_logs_carry_job_fields_and_never_the_key(dev_server):
 
 @pytest.mark.timeout(90)
 def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server):
-    port = free_port()
     ids = [dev_server.enqueue("q-hup", {"do": "cpu", "ms": 100}) for _ in range(60)]
     daemon = Daemon(dev_server, "q-hup", procs=2, worker_id="w-hup",
-                    args=["--health-port", str(port), "--log-level", "DEBUG"]).start()
+                    args=["--health-port", "0", "--log-level", "DEBUG"]).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         before = {c["pid"] for c in status_of(port)["children"]}
@@ -169,8 +169,8 @@ def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server
 
 @pytest.mark.timeout(60)
 def test_sigttin_and_sigttou_resize_the_pool(dev_server):
-    port = free_port()
-    daemon = Daemon(dev_server, "q-size", procs=2, worker_id="w-size", args=["--health-port", str(port)]).start()
+    daemon = Daemon(dev_server, "q-size", procs=2, worker_id="w-size", args=["--health-port", "0"]).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         daemon.signal(signal.SIGTTIN)
@@ -205,11 +205,11 @@ def test_text_log_format(dev_server):
 def test_sighup_with_code_that_no_longer_imports_keeps_the_old_children_working(dev_server, tmp_path):
     import psutil
 
-    port = free_port()
     flag = tmp_path / "boot-fail"
     daemon = Daemon(dev_server, "q-badreload", handler="tests.support.handlers_chaos:handle", procs=2,
-                    worker_id="w-badreload", args=["--health-port", str(port)],
+                    worker_id="w-badreload", args=["--health-port", "0"],
                     env={"CHAOS_BOOT_FAIL_FLAG": str(flag)}).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         flag.write_text("the new code is broken")

@@ -4,7 +4,8 @@ The machine's own systemd boots inside new PID, mount, UTS, IPC, network and cgr
 an overlay whose read-only lower layer is the host's `/` (so this checkout and its venv are visible at the
 same paths) and whose upper layer is a tmpfs (so files written inside vanish with the box); `/run`, `/tmp`
 and `/dev` are private, except the host directories under `/tmp` passed as `expose` (a checkout or venv
-cloned there), each seen at its own path through an overlay of its own (writes inside stay in the box); the network is loopback only; it gets its own cgroup2 subtree. Needs root,
+cloned there), each seen at its own path through an overlay of its own (writes inside stay in the box);
+the network is loopback only; it gets its own cgroup2 subtree. Needs root,
 overlayfs, a cgroup2 hierarchy and util-linux's unshare/nsenter/setpriv; `SystemdBox.unavailable()` says
 in one line why it cannot run here.
 
