@@ -78,6 +78,7 @@ class Config:
     k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
+    child_logging: str = "daemon"  # daemon: children log as the daemon does; module: as the handler's module sets up
     prefetch: int | None = None  # jobs claimed ahead; None = auto
     max_rps: float | None = None  # API requests per second cap; None = off
     transport: str = "rest"  # "rest" or "grpc"
@@ -312,6 +313,9 @@ OPTIONS: tuple[Option, ...] = (
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
            "DEBUG, INFO, WARNING or ERROR, any case; default INFO", "LEVEL"),
+    Option("--child-logging", "SPOOLED_CHILD_LOGGING", choice("daemon", "module"), "daemon", "daemon: the "
+           "children's lines (ctx.log, logging) take the daemon's format and level; module: left wholly to the "
+           "handler's module", "daemon|module"),
     Option("--prefetch", "SPOOLED_PREFETCH", parse_prefetch, None, "jobs claimed ahead of free children: auto, or "
            "0-1000; default auto", "auto|N"),
     Option("--max-rps", "SPOOLED_MAX_RPS", parse_max_rps, None, "cap on API requests per second, a number above "
@@ -530,7 +534,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
         health_host=values["health_host"], health_port=values["health_port"],
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
-        log_level=values["log_level"], prefetch=values["prefetch"], max_rps=values["max_rps"],
+        log_level=values["log_level"], child_logging=values["child_logging"], prefetch=values["prefetch"],
+        max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
         preload=values["preload"], memory_high=high, memory_max=top,

@@ -52,16 +52,6 @@ class HandlerImportError(Exception):
         self.hint = hint
 
 
-def _ensure_child_logging() -> None:
-    """A child comes from the forkserver, a fresh interpreter with no logging set up: give it the parent's
-    default (JSON unless stderr is a terminal) the first time a handler logs, so ctx.log is never dropped.
-    A shared API key is scrubbed from these lines as from the parent's."""
-    if not logging.getLogger().handlers:
-        from supervisor.ops.logs import setup_logging
-
-        setup_logging("auto", "INFO", secret=os.environ.get(KEY_VARIABLE, ""))
-
-
 def parse_spec(spec: str) -> tuple[str, str]:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -314,7 +304,6 @@ class _Job:
     def _write(self, args: tuple, kwargs: dict) -> None:
         """One line on the daemon's stderr: the message, then `job_id`, `queue` and the fields as keys."""
         levelno, message, fields = _log_call(args, kwargs)
-        _ensure_child_logging()
         if not _job_log.isEnabledFor(levelno):
             return
         line = {(f"{k}_" if k in _LINE_KEYS else k): v for k, v in fields.items()}

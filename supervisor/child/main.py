@@ -26,7 +26,7 @@ import traceback
 import orjson
 
 from supervisor import exactjson
-from supervisor.child import group, wire
+from supervisor.child import group, logs, wire
 from supervisor.child.handler import (
     KEY_VARIABLE,
     AsyncJobContext,
@@ -146,6 +146,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`."""
     global _running
     ctx = _running = new_context(handler, job, worker_id)
+    logs.job_started(ctx.job_id, ctx.queue_name)
     try:
         result = call_handler(handler, ctx)
     except JobStopped:
@@ -157,6 +158,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
         return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
     finally:
         _running = None
+        logs.job_ended()
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
@@ -183,13 +185,16 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
     os.environ.update(env or {})
+    logs.install()  # before the import: the module's import-time lines come out as the daemon's
     try:
         handler = load_handler(handler_spec)
     except BaseException as exc:
+        logs.settle()
         try:
             wire.write_frame(sock, {"t": "boot_error", "error": boot_error_text(exc)})
         finally:
             os._exit(BOOT_ERROR_EXIT)
+    logs.settle()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         serve(sock, handler, title, worker_id, max_result_bytes, keeper)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import orjson
 
 from supervisor import exitcodes
+from supervisor.child import logs as child_logs
 from supervisor.child.forkservers import start_forkserver
 from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.client.transport import Transport
@@ -47,6 +48,7 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
+    os.environ[child_logs.CHILD_LOGGING_ENV] = child_logs.order(cfg.log_format, cfg.log_level, cfg.child_logging)
     if not cfg.queues:
         try:
             cfg = take_queue_from_handler(cfg)

@@ -52,9 +52,9 @@ def test_two_queues_register_together_run_in_priority_order_and_are_counted_apar
     with RegisterRecorder(server.url) as proxy:
         daemon = Daemon(server, f"{FIRST},{SECOND}", procs=1, worker_id=worker_id,
                         args=["--health-port", "0", *transport_args(server, transport, proxy)])
-        port = daemon.health_port
         try:
             daemon.start().wait_ready()
+            port = daemon.health_port
             run_and_check(server, daemon, transport, proxy, port, first, second)
         finally:
             daemon.stop()

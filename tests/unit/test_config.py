@@ -44,6 +44,7 @@ BAD_VALUES = {
     "SPOOLED_K8S_DELETION_COST": ("maybe", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
+    "SPOOLED_CHILD_LOGGING": ("root", "daemon or module"),
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
     "SPOOLED_MAX_RPS": ("0", "above 0"),
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
