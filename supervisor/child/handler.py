@@ -52,6 +52,12 @@ class HandlerImportError(Exception):
         self.hint = hint
 
 
+def not_found_hint(name: str) -> str:
+    """The one line for a handler module that is nowhere on the path: where it was looked for, what to do."""
+    return (f"No module named {name!r} in {os.getcwd()} (the current directory) or the installed packages: "
+            "run from the project's directory, install it (pip install -e .) or add its directory to PYTHONPATH")
+
+
 def parse_spec(spec: str) -> tuple[str, str]:
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
@@ -83,6 +89,10 @@ def load_handler(spec: str) -> Handler:
     with watch_key_reads() as missed:
         try:
             module: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                raise HandlerImportError(not_found_hint(exc.name)) from None  # importlib's frames: no help
+            raise
         except KeyError as exc:
             if exc.args == (KEY_VARIABLE,) or missed:
                 raise HandlerImportError(SHARE_HINT) from exc
