@@ -58,6 +58,9 @@ def main(argv: list[str]) -> int:
         except HandlerRefused as exc:
             log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
             return exitcodes.HANDLER_IMPORT
+    if cfg.api_url_source == "default":
+        log_event(log, INFO, "no API URL given (--api-url, SPOOLED_API_URL or the file's api_url): using Spooled "
+                  "Cloud", api_url=cfg.api_url, grpc_url=cfg.grpc_url if cfg.transport == "grpc" else None)
     hooks = DaemonHooks(cfg)  # reads, then unsets, systemd's NOTIFY_SOCKET and WATCHDOG_*
     client = SpooledAPI(cfg.api_url, cfg.api_key, timeout=cfg.api_timeout, ca_bundle=cfg.ca_bundle,
                         on_request=hooks.api_request)
