@@ -62,6 +62,11 @@ def _read_order() -> tuple[str, str, str]:
     return parts[0], parts[1], parts[2]
 
 
+def level() -> str:
+    """The daemon's log level, as the children were given it."""
+    return _read_order()[1]
+
+
 def install() -> None:
     """Before the handler's module is imported: the daemon's handler on the root (unless the choice is
     `module`, or this process inherited it already from the forkserver that imported the module)."""

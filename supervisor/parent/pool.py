@@ -380,7 +380,7 @@ class ChildPool:
         if not self.any_ready and child.boot_error is not None:
             raise HandlerImportFailed(child.boot_error)
         log_event(log, ERROR, "child failed while starting; backing off", slot=child.slot, pid=child.pid,
-                  cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
+                  cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[:500])
 
     def _check_memory(self, now: float) -> list[Fact]:
         """Sample each child's process tree. Enforce --max-memory-per-child on it: a child over the cap is
