@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import psutil
@@ -254,3 +256,33 @@ def test_children_inherit_neither_notify_socket_nor_credentials(dev_server, tmp_
     for name in ("SPOOLED_API_KEY", "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC"):
         assert name not in env, name
     assert dev_server.api_key not in str(env)
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_that_keeps_failing_to_start_shows_in_status_with_its_error_and_retry(dev_server, tmp_path):
+    """A reload with broken code: the slot whose new child cannot import is listed by /status and `status`,
+    with the error and when it tries again, beside the child that runs."""
+    flag = tmp_path / "boot-fail"
+    daemon = Daemon(dev_server, "q-failing", handler="tests.support.handlers_chaos:handle", procs=2,
+                    worker_id="w-failing", args=["--health-port", "0"],
+                    env={"CHAOS_BOOT_FAIL_FLAG": str(flag)}).start()
+    try:
+        daemon.wait_ready()
+        port = daemon.health_port
+        flag.write_text("the new code is broken")
+        daemon.signal(signal.SIGHUP)
+        daemon.out.wait_for(r"child failed while starting; backing off")
+        snap = wait_until(lambda: (lambda s: s if s.get("failing") else None)(status_of(port)), timeout=10,
+                          what="a failing slot in /status")
+        (failing,) = snap["failing"]
+        assert failing["last_error"].startswith("RuntimeError: boot failure requested by")
+        assert failing["failures"] >= 1 and 0 <= failing["retry_in_secs"] <= 30
+        running = [c["slot"] for c in snap["children"] if c["state"] in ("idle", "busy")]
+        assert running == [1 - failing["slot"]]
+        table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--port", str(port)],
+                               capture_output=True, text=True, timeout=30).stdout
+        assert f"slot {failing['slot']} failing to start (" in table and "RuntimeError: boot failure" in table
+        rows = {line.split()[0]: line.split() for line in table.splitlines() if line[:1].isdigit()}
+        assert sorted(rows) == ["0", "1"], table  # every slot, the failing one too
+    finally:
+        daemon.stop()
