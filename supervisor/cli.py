@@ -93,5 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{program()}: error: unknown subcommand {argv[0]!r}; "
                          f"choose one of {', '.join(SUBCOMMANDS)}\n")
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(argv) or 0)
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+        return int(module.main(argv) or 0)
+    except KeyboardInterrupt:  # Ctrl-C where a command has nothing more to say: no traceback
+        sys.stderr.write("interrupted\n")
+        return 130
