@@ -304,11 +304,19 @@ class DevServer:
         )
         _STARTED.append(self.proc)
         self.out = OutputPump(self.proc.stdout)
-        self.api_key = self.out.wait_for(r"API key: (\S+)").group(1)
+        shown = self.out.wait_for(r"API key: (.+)").group(1)
+        self.api_key = shown if not shown.startswith("from ") else self.given_key()  # a given key is never shown
         self.port = int(self.out.wait_for(r"listening on http://127\.0\.0\.1:(\d+)").group(1))
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self._ready, timeout=10, what="dev server /health/ready")
         return self
+
+    def given_key(self) -> str:
+        """The key this test gave the server (--api-key, else its environment)."""
+        if "--api-key" in self.extra:
+            return self.extra[self.extra.index("--api-key") + 1]
+        env = self.env or {}
+        return env.get("SPOOLED_API_KEY") or env["SPOOLED_DEV_API_KEY"]
 
     def _ready(self) -> bool:
         try:
