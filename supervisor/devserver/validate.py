@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-from .errors import invalid_type, missing_field, validation
+from .errors import field_hint, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
@@ -45,7 +45,7 @@ class Body:
         v = self.d.get(name, _MISSING)
         if v is _MISSING or v is None:
             if required:
-                raise missing_field(name)
+                raise missing_field(name, field_hint(name, self.d))
             return _MISSING
         return v
 
@@ -85,7 +85,7 @@ class Body:
         v = self.d.get(name, _MISSING)
         if v is _MISSING:
             if required:
-                raise missing_field(name)
+                raise missing_field(name, field_hint(name, self.d))
             return False, None
         return True, v
 
