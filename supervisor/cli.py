@@ -66,7 +66,19 @@ def usage() -> str:
             + f"\n`{prog} SUBCOMMAND --help` explains each one's options.\n")
 
 
+def path_as_python_m() -> None:
+    """The installed script finds the user's code as `python -m supervisor` does: that puts the current
+    directory first on sys.path, a console script puts its own bin directory there instead. The children,
+    the forkserver and the import probe get this sys.path."""
+    if program() != f"{os.path.basename(sys.executable) or 'python'} -m supervisor":
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        path_as_python_m()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
         sys.stdout.write(usage())
@@ -81,5 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"{program()}: error: unknown subcommand {argv[0]!r}; "
                          f"choose one of {', '.join(SUBCOMMANDS)}\n")
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(argv) or 0)
+    try:
+        module = importlib.import_module(SUBCOMMANDS[name][0])
+        return int(module.main(argv) or 0)
+    except KeyboardInterrupt:  # Ctrl-C where a command has nothing more to say: no traceback
+        sys.stderr.write("interrupted\n")
+        return 130

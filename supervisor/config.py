@@ -78,6 +78,8 @@ class Config:
     k8s_pod: PodRef | None = None  # --k8s-deletion-cost: the pod whose annotation to keep current
     log_format: str = "auto"
     log_level: str = "INFO"
+    api_url_source: str = "default"  # where --api-url came from: a flag, variable or file key, else "default"
+    child_logging: str = "daemon"  # daemon: children log as the daemon does; module: as the handler's module sets up
     prefetch: int | None = None  # jobs claimed ahead; None = auto
     max_rps: float | None = None  # API requests per second cap; None = off
     transport: str = "rest"  # "rest" or "grpc"
@@ -320,6 +322,9 @@ OPTIONS: tuple[Option, ...] = (
            "text; auto = text on a terminal, JSON otherwise", "auto|json|text"),
     Option("--log-level", "SPOOLED_LOG_LEVEL", choice("DEBUG", "INFO", "WARNING", "ERROR", upper=True), "INFO",
            "DEBUG, INFO, WARNING or ERROR, any case; default INFO", "LEVEL"),
+    Option("--child-logging", "SPOOLED_CHILD_LOGGING", choice("daemon", "module"), "daemon", "daemon: the "
+           "children's lines (ctx.log, logging) take the daemon's format and level; module: left wholly to the "
+           "handler's module", "daemon|module"),
     Option("--prefetch", "SPOOLED_PREFETCH", parse_prefetch, None, "jobs claimed ahead of free children: auto, or "
            "0-1000; default auto", "auto|N"),
     Option("--max-rps", "SPOOLED_MAX_RPS", parse_max_rps, None, "cap on API requests per second, a number above "
@@ -489,6 +494,21 @@ def _require_grpc() -> None:
         raise ConfigError(f"--transport grpc needs the gRPC extra: {GRPC_EXTRA_HINT}") from None
 
 
+def _both_endpoints_or_neither(sources: Mapping[str, str]) -> None:
+    """--transport grpc talks to two endpoints: the gRPC API, and the REST API for what gRPC does not carry
+    (the worker-row check at start, queue statistics, results too large for a gRPC message). The operator
+    names both or neither (then both are Spooled Cloud's): the key never goes to a default host beside a
+    named one."""
+    rest, grpc = sources["api_url"] != "default", sources["grpc_url"] != "default"
+    if grpc and not rest:
+        raise ConfigError(f"--transport grpc with {sources['grpc_url']} needs the same server's REST URL too: pass "
+                          "--api-url (or SPOOLED_API_URL); without it the key would go to Spooled Cloud's REST API")
+    if rest and not grpc:
+        raise ConfigError(f"--transport grpc with {sources['api_url']} needs the same server's gRPC address too: "
+                          "pass --grpc-url HOST:PORT (or SPOOLED_GRPC_URL); without it the key would go to Spooled "
+                          "Cloud's gRPC API")
+
+
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -506,6 +526,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         raise ConfigError(f"{sources['ca_bundle']} {_shown(values['ca_bundle'], PATH_MAX)} is not a readable file")
     if values["transport"] == "grpc":
         _require_grpc()
+        _both_endpoints_or_neither(sources)
     high, top = values["memory_high"], values["memory_max"]
     if high[1] == top[1] and high[0] >= top[0]:
         names = [sources[d] if sources[d] != "default" else OPTION_BY_DEST[d].flag
@@ -529,7 +550,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
     host_clean = re.sub(r"[^A-Za-z0-9._-]", "-", hostname).strip(".-") or "localhost"
     queues = values["queue"] or ()  # none: the handler's SDK worker must name it (see commands/run.py)
     return Config(
-        api_url=values["api_url"], api_key=key, queues=tuple(queues), handler=values["handler"],
+        api_url=values["api_url"], api_url_source=sources["api_url"], api_key=key, queues=tuple(queues),
+        handler=values["handler"],
         worker_id=worker_id,
         hostname=host_clean[:255], procs=procs, lease=values["lease"], drain_timeout=float(values["drain_timeout"]),
         poll_interval=float(values["poll_interval"]), max_jobs_per_child=values["max_jobs_per_child"],
@@ -538,7 +560,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ca_bundle=values["ca_bundle"], allow_insecure_http=values["allow_insecure_http"],
         health_host=values["health_host"], health_port=values["health_port"],
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
-        log_level=values["log_level"], prefetch=values["prefetch"], max_rps=values["max_rps"],
+        log_level=values["log_level"], child_logging=values["child_logging"], prefetch=values["prefetch"],
+        max_rps=values["max_rps"],
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
         preload=values["preload"], memory_high=high, memory_max=top, child_init=values["child_init"],

@@ -52,14 +52,10 @@ class HandlerImportError(Exception):
         self.hint = hint
 
 
-def _ensure_child_logging() -> None:
-    """A child comes from the forkserver, a fresh interpreter with no logging set up: give it the parent's
-    default (JSON unless stderr is a terminal) the first time a handler logs, so ctx.log is never dropped.
-    A shared API key is scrubbed from these lines as from the parent's."""
-    if not logging.getLogger().handlers:
-        from supervisor.ops.logs import setup_logging
-
-        setup_logging("auto", "INFO", secret=os.environ.get(KEY_VARIABLE, ""))
+def not_found_hint(name: str) -> str:
+    """The one line for a handler module that is nowhere on the path: where it was looked for, what to do."""
+    return (f"No module named {name!r} in {os.getcwd()} (the current directory) or the installed packages: "
+            "run from the project's directory, install it (pip install -e .) or add its directory to PYTHONPATH")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -95,6 +91,10 @@ def load_handler(spec: str) -> Handler:
     with watch_key_reads() as missed:
         try:
             module: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                raise HandlerImportError(not_found_hint(exc.name)) from None  # importlib's frames: no help
+            raise
         except KeyError as exc:
             if exc.args == (KEY_VARIABLE,) or missed:
                 raise HandlerImportError(SHARE_HINT) from exc
@@ -316,7 +316,6 @@ class _Job:
     def _write(self, args: tuple, kwargs: dict) -> None:
         """One line on the daemon's stderr: the message, then `job_id`, `queue` and the fields as keys."""
         levelno, message, fields = _log_call(args, kwargs)
-        _ensure_child_logging()
         if not _job_log.isEnabledFor(levelno):
             return
         line = {(f"{k}_" if k in _LINE_KEYS else k): v for k, v in fields.items()}

@@ -137,9 +137,6 @@ class Hooks:
         if id(fn) in self._logged:
             return
         self._logged.add(id(fn))
-        from supervisor.child.handler import _ensure_child_logging
-
-        _ensure_child_logging()
         name = getattr(fn, "__qualname__", None) or repr(fn)
         log.warning("an event hook raised; the job goes on (later failures of this hook are not logged)",
                     exc_info=True, extra={"fields": {"event": event, "hook": f"{getattr(fn, '__module__', '')}."

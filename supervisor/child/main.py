@@ -15,18 +15,21 @@ the exception, gets the parent's SIGKILL after --kill-grace.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import importlib
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
+from types import TracebackType
 
 import orjson
 
 from supervisor import exactjson
-from supervisor.child import group, lifecycle, wire
+from supervisor.child import group, lifecycle, logs, wire
 from supervisor.child.handler import (
     KEY_VARIABLE,
     AsyncJobContext,
@@ -127,18 +130,60 @@ def boot_error_text(exc: BaseException) -> str:
     return format_error(exc, 4000)
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # supervisor/
+_USER_CODE_IN_PACKAGE = {os.path.join(_PACKAGE, "demo_handlers.py")}  # the demo's handlers are user code
+_ASYNCIO = os.path.dirname(os.path.abspath(asyncio.__file__))
+_IMPORTLIB = os.path.dirname(os.path.abspath(importlib.__file__))
+FRAMES_NOTE = "Traceback (innermost first, without the daemon's frames):"
+
+
+def _daemon_frame(filename: str) -> bool:
+    """A frame of the daemon's own code or of the import machinery: not what the user needs to see."""
+    if filename.startswith("<frozen importlib"):
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_IMPORTLIB + os.sep):
+        return True
+    return path.startswith(_PACKAGE + os.sep) and path not in _USER_CODE_IN_PACKAGE
+
+
+def user_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
+    """The traceback's frames the user wrote or called, innermost first: the frames that lead from the
+    daemon to the handler (the daemon's, asyncio.run's, importlib's) and any daemon frame deeper in (ctx.log)
+    left out. All of them when none is left (the error was the daemon's own)."""
+    frames = traceback.extract_tb(tb)
+    start = 0
+    while start < len(frames) and (_daemon_frame(frames[start].filename)
+                                   or os.path.abspath(frames[start].filename).startswith(_ASYNCIO + os.sep)):
+        start += 1
+    kept = [f for f in frames[start:] if not _daemon_frame(f.filename)]
+    return list(reversed(kept or frames))
+
+
+def _error_line(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError):  # the file, line and caret are the point: right under the error line
+        *where, line = "".join(traceback.format_exception_only(type(exc), exc)).rstrip().splitlines()
+        return "\n".join([line, *where])
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
 def _format_error(exc: BaseException, limit: int) -> str:
-    head = f"{type(exc).__name__}: {exc}".strip()
+    """The error line, then the user's frames innermost first (so a cut keeps the user's file and line), then
+    the cause's; at --log-level DEBUG the whole traceback as Python prints it instead of the frames."""
+    head = _error_line(exc)
     if len(head) >= limit:
         return head[: limit - 3] + "..."
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    room = limit - len(head) - 1
-    if room < 40:
-        return head
-    tail = tb[-room:]
-    if len(tb) > room:
-        tail = "..." + tail[3:]
-    return f"{head}\n{tail}"
+    if logs.level() == "DEBUG":
+        body = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    else:
+        parts = [FRAMES_NOTE, *(line.rstrip("\n") for line in traceback.format_list(user_frames(exc.__traceback__)))]
+        cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+        if cause is not None:
+            parts.append(f"caused by {_error_line(cause)}")
+            parts += [line.rstrip("\n") for line in traceback.format_list(user_frames(cause.__traceback__)[:3])]
+        body = "\n".join(parts)
+    text = f"{head}\n{body}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dict | None = None) -> dict:
@@ -148,6 +193,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dic
     given, gets the handler's return value ("result") or exception ("error")."""
     global _running
     ctx = _running = new_context(handler, job, worker_id)
+    logs.job_started(ctx.job_id, ctx.queue_name)
     try:
         result = call_handler(handler, ctx)
     except JobStopped:
@@ -163,6 +209,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dic
         return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
     finally:
         _running = None
+        logs.job_ended()
     if seen is not None:
         seen["result"] = result
     try:
@@ -192,14 +239,17 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     set_title(f"{title} starting")
     os.environ.update(env or {})
     lifecycle.forget_inherited_exits()
+    logs.install()  # before the import: the module's import-time lines come out as the daemon's
     try:
         handler = load_handler(handler_spec)
         life = lifecycle.begin(handler, worker_id)  # --child-init, tracing, the `started` hooks
     except BaseException as exc:
+        logs.settle()
         try:
             wire.write_frame(sock, {"t": "boot_error", "error": boot_error_text(exc)})
         finally:
             os._exit(BOOT_ERROR_EXIT)
+    logs.settle()
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         serve(sock, handler, title, worker_id, max_result_bytes, keeper, life)

@@ -55,6 +55,9 @@ def recording_exits() -> Iterator[None]:
 
 def _preload(order: str) -> None:
     global error
+    from supervisor.child import logs
+
+    logs.install()  # the children forked from here inherit the logging the import leaves
     try:
         spec = json.loads(order)
         sys.path[:] = [p for p in spec["sys_path"] if isinstance(p, str)] or sys.path
@@ -62,6 +65,7 @@ def _preload(order: str) -> None:
             importlib.import_module(str(spec["handler"]).partition(":")[0])
     except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the forkserver must not die
         error = f"{type(exc).__name__}: {exc}"
+    logs.settle()
     gc.collect()
     gc.freeze()
     try:

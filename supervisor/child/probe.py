@@ -14,6 +14,7 @@ import sys
 
 import orjson
 
+from supervisor.child import logs
 from supervisor.child.handler import load_handler
 from supervisor.child.lifecycle import init_problem
 from supervisor.child.main import BOOT_ERROR_EXIT, boot_error_text
@@ -23,6 +24,7 @@ def main(argv: list[str]) -> int:
     spec, fd = argv[0], int(argv[1])
     os.set_inheritable(fd, False)  # nothing the handler's module starts may hold the daemon's read open
     answer: dict[str, object]
+    logs.install()
     try:
         handler = load_handler(spec)
     except BaseException as exc:

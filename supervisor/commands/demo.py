@@ -2,7 +2,8 @@
 
 Starts the dev server on a free loopback port with a temporary database, enqueues N
 CPU-bound jobs, runs the daemon, shows live progress, drains it with SIGTERM and prints
-a summary (completed, failed, throughput, efficiency against the cores).
+a summary (completed, dead-lettered, throughput, efficiency against the cores). Ctrl-C drains the daemon
+and prints the summary so far (exit 130).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,16 +26,12 @@ from supervisor.commands.status import fetch as fetch_status
 QUEUE = "demo"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_dev_server(db: str, key: str) -> tuple[subprocess.Popen, str]:
+    """The dev server in a session of its own (a terminal's Ctrl-C reaches the demo only, which stops it last)."""
     env = dict(os.environ, SPOOLED_API_KEY=key)
     proc = subprocess.Popen([sys.executable, "-m", "supervisor", "dev-server", "--port", "0", "--db", db],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
     deadline = time.monotonic() + 20
     assert proc.stdout is not None  # stdout=PIPE
     while time.monotonic() < deadline:
@@ -47,6 +43,18 @@ def start_dev_server(db: str, key: str) -> tuple[subprocess.Popen, str]:
             break
     proc.kill()
     raise RuntimeError("the dev server did not start")
+
+
+def health_port(log_path: str, daemon: subprocess.Popen, timeout: float = 30.0) -> int | None:
+    """The port the daemon bound for `--health-port 0`, from its log; None if it exited or never said."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and daemon.poll() is None:
+        with open(log_path, "rb") as f:
+            m = re.search(rb'"msg":"serving the health port".*?"port":(\d+)', f.read())
+        if m:
+            return int(m.group(1))
+        time.sleep(0.05)
+    return None
 
 
 def parse_time(text: str | None) -> float | None:
@@ -87,31 +95,39 @@ def main(argv: list[str]) -> int:
         try:
             client = SpooledAPI(url, Secret(key), attempts=3)
             print(f"dev server at {url}; enqueuing {args.jobs} jobs of {args.ms:g} ms CPU each on queue '{QUEUE}'")
-            enqueue(client, QUEUE, {"ms": args.ms}, args.jobs)
-            health_port = free_port()
+            try:
+                enqueue(client, QUEUE, {"ms": args.ms}, args.jobs)
+            except KeyboardInterrupt:
+                print("\ninterrupted while enqueuing: nothing ran; stopping the dev server")
+                return 130
             env = dict(os.environ, SPOOLED_API_KEY=key)
             cmd = [sys.executable, "-m", "supervisor", "run", "--queue", QUEUE,
                    "--handler", "supervisor.demo_handlers:burn",
                    "--procs", str(args.procs), "--api-url", url, "--worker-id", "demo-worker", "--health-port",
-                   str(health_port), "--poll-interval", "0.5", "--log-format", "json", "--log-level", "WARNING"]
+                   "0", "--poll-interval", "0.5", "--log-format", "json", "--log-level", "INFO"]
             log_path = os.path.join(tmp, "daemon.log")
+            interrupted = False
             with open(log_path, "w") as log_file:
                 started = time.monotonic()
-                daemon = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
-                stats = watch(client, daemon, args.jobs, health_port, started, tty)
+                daemon = subprocess.Popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                          start_new_session=True)  # the demo drains it, once, on Ctrl-C
+                try:
+                    stats = watch(client, daemon, args.jobs, health_port(log_path, daemon), started, tty)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    print("\ninterrupted: draining the daemon (running jobs finish; Ctrl-C again stops at once)",
+                          flush=True)
                 daemon.send_signal(signal.SIGTERM)
-                code = daemon.wait(60)
-            wall = time.monotonic() - started
-            first, last = job_span(client)
-            span = max(last - first, 1e-9)
-            throughput = stats["completed"] / span
-            ideal = min(args.procs, cores) / (args.ms / 1000.0)
-            print(f"\nsummary: {stats['completed']} completed, {stats['deadletter']} dead-lettered, "
-                  f"{stats['pending'] + stats['processing']} left; daemon exit code {code}")
-            print(f"  throughput {throughput:.1f} jobs/s over {span:.2f} s of processing "
-                  f"({wall:.1f} s wall, start-up included)")
-            print(f"  efficiency {throughput / ideal:.3f} of the ideal {ideal:.1f} jobs/s "
-                  f"({min(args.procs, cores)} cores x 1000/{args.ms:g} ms)")
+                try:
+                    code = daemon.wait(60)
+                except KeyboardInterrupt:
+                    daemon.kill()
+                    code = daemon.wait()
+            if interrupted:
+                stats = client.get(f"/api/v1/jobs/stats?queue_name={QUEUE}")
+            summary(client, stats, args, cores, code, time.monotonic() - started)
+            if interrupted:
+                return 130
             if code != 0 or stats["completed"] != args.jobs:
                 print(f"daemon log: see below\n{open(log_path).read()[-3000:]}")
                 return 1
@@ -125,7 +141,21 @@ def main(argv: list[str]) -> int:
             server.wait(10)
 
 
-def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port: int, started: float,
+def summary(client: SpooledAPI, stats: dict, args, cores: int, code: int, wall: float) -> None:
+    """The run's outcome so far, from the server's records: counts, throughput and efficiency."""
+    first, last = job_span(client)
+    span = max(last - first, 1e-9)
+    throughput = stats["completed"] / span if last > first else 0.0
+    ideal = min(args.procs, cores) / (args.ms / 1000.0)
+    print(f"\nsummary: {stats['completed']} completed, {stats['deadletter']} dead-lettered, "
+          f"{stats['pending'] + stats['processing']} left of {args.jobs}; daemon exit code {code}")
+    print(f"  throughput {throughput:.1f} jobs/s over {span if last > first else 0:.2f} s of processing "
+          f"({wall:.1f} s wall, start-up included)")
+    print(f"  efficiency {throughput / ideal:.3f} of the ideal {ideal:.1f} jobs/s "
+          f"({min(args.procs, cores)} cores x 1000/{args.ms:g} ms)", flush=True)
+
+
+def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port: int | None, started: float,
           tty: bool) -> dict:
     """Print progress until every job is completed or dead-lettered (or the daemon exits)."""
     last_print = 0.0
@@ -135,8 +165,9 @@ def watch(client: SpooledAPI, daemon: subprocess.Popen, total: int, health_port:
         now = time.monotonic()
         busy = "?"
         try:
-            status = fetch_status(f"http://127.0.0.1:{health_port}/status", timeout=1.0)
-            busy = f"{status['busy']}/{status['procs']}"
+            if health_port is not None:
+                status = fetch_status(f"http://127.0.0.1:{health_port}/status", timeout=1.0)
+                busy = f"{status['busy']}/{status['procs']}"
         except Exception:  # not up yet, or already gone: progress goes on without it
             pass
         elapsed = now - started

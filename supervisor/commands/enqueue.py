@@ -2,7 +2,8 @@
 
 Blocking HTTP through `requests` (SpooledAPI.execute): a kept-alive session, a timeout on every
 attempt; a bulk create has no idempotency key, so it is sent once, never resent. The payload's
-integers are kept exact, whatever their size.
+integers are kept exact, whatever their size. Ctrl-C stops it: it prints the ids created so far, how many
+and their range, and exits 130.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from supervisor import cli, exactjson
 from supervisor.child.tracing import TRACE_KEY, carry
-from supervisor.client.rest import ApiError, SpooledAPI
+from supervisor.client.rest import ApiError, SpooledAPI, Unauthorized
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
 
@@ -23,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", required=True, help="queue name")
     p.add_argument("--payload", required=True, help='job payload as JSON, e.g. \'{"ms": 50}\'')
     p.add_argument("--count", type=int, default=1, help="how many identical jobs (default 1)")
-    p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or DEFAULT_API_URL,
-                   help="API base URL (SPOOLED_API_URL)")
+    p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or None,
+                   help=f"API base URL (SPOOLED_API_URL); default {DEFAULT_API_URL}, Spooled Cloud")
     p.add_argument("--api-key-file", default=os.environ.get("SPOOLED_API_KEY_FILE"), help="file holding the API key")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
     p.add_argument("--priority", type=int, help="-100..100")
@@ -36,11 +37,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def enqueue(client: SpooledAPI, queue: str, payload, count: int, **fields) -> list[str]:
-    """Create `count` jobs with `payload`; return their ids."""
+def enqueue(client: SpooledAPI, queue: str, payload, count: int, ids: list[str] | None = None, **fields) -> list[str]:
+    """Create `count` jobs with `payload`; return their ids. Each batch's ids are added to `ids` (when given)
+    as soon as it is created, so an interrupted run still knows what it made."""
+    ids = [] if ids is None else ids
     if count == 1:
-        return [client.create_job(queue, payload, **fields)["id"]]
-    ids: list[str] = []
+        ids.append(client.create_job(queue, payload, **fields)["id"])
+        return ids
     defaults = {"default_priority": fields.get("priority"), "default_max_retries": fields.get("max_retries"),
                 "default_timeout_seconds": fields.get("timeout_seconds")}
     for start in range(0, count, 100):
@@ -52,8 +55,23 @@ def enqueue(client: SpooledAPI, queue: str, payload, count: int, **fields) -> li
     return ids
 
 
+def failure(exc: ApiError, url: str) -> str:
+    """What went wrong, in the words of what happened: no connection is not a refusal."""
+    if exc.status == 0 and exc.code == "TIMEOUT":
+        return f"no answer from {url} in time: {exc.message}"
+    if exc.status == 0:
+        reason = "connection refused" if "refused" in exc.message.lower() else exc.message
+        return f"could not connect to {url} ({reason}); is the server running and the URL right?"
+    if isinstance(exc, Unauthorized):
+        return f"the API at {url} did not accept the key: {exc}"
+    return f"the API at {url} refused the jobs: {exc}"
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.api_url is None:
+        args.api_url = DEFAULT_API_URL
+        sys.stderr.write(f"no --api-url or SPOOLED_API_URL given: using Spooled Cloud ({DEFAULT_API_URL})\n")
     try:
         payload = exactjson.loads(args.payload)
     except ValueError as exc:
@@ -74,15 +92,32 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
+    ids: list[str] = []
     try:
-        ids = enqueue(client, args.queue, payload, args.count, priority=args.priority,
-                      max_retries=args.max_retries, timeout_seconds=args.timeout_seconds)
+        enqueue(client, args.queue, payload, args.count, ids, priority=args.priority,
+                max_retries=args.max_retries, timeout_seconds=args.timeout_seconds)
     except ApiError as exc:
-        sys.stderr.write(f"error: the API refused the jobs: {exc}\n")
+        sys.stderr.write(f"error: {failure(exc, args.api_url)}\n")
+        if ids:
+            sys.stderr.write(f"created {len(ids)} job(s) on {args.queue} before that{id_range(ids)}\n")
         return 1
+    except KeyboardInterrupt:
+        if not args.quiet:
+            sys.stdout.write("".join(f"{job_id}\n" for job_id in ids))
+        in_flight = "; the batch being sent (up to 100) may have been created too" if args.count > 1 else ""
+        sys.stderr.write(f"interrupted: created {len(ids)} of {args.count} job(s) on {args.queue}{id_range(ids)}"
+                         f"{in_flight}\n")
+        return 130
     finally:
         client.close()
     if not args.quiet:
         sys.stdout.write("".join(f"{job_id}\n" for job_id in ids))
     sys.stderr.write(f"enqueued {len(ids)} job(s) on {args.queue}\n")
     return 0
+
+
+def id_range(ids: list[str]) -> str:
+    """` (ids FIRST to LAST)`, ` (id ONE)` or nothing."""
+    if not ids:
+        return ""
+    return f" (ids {ids[0]} to {ids[-1]})" if len(ids) > 1 else f" (id {ids[0]})"

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import orjson
 
 from supervisor import exitcodes
+from supervisor.child import logs as child_logs
 from supervisor.child.forkservers import start_forkserver
 from supervisor.child.lifecycle import CHILD_INIT_ENV, EXIT_GRACE_ENV
 from supervisor.client.rest import RateLimited, SpooledAPI
@@ -52,6 +53,7 @@ def main(argv: list[str]) -> int:
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
+    os.environ[child_logs.CHILD_LOGGING_ENV] = child_logs.order(cfg.log_format, cfg.log_level, cfg.child_logging)
     if not cfg.queues or cfg.child_init:
         try:
             cfg = take_queue_from_handler(cfg) if not cfg.queues else check_handler(cfg)
@@ -64,6 +66,9 @@ def main(argv: list[str]) -> int:
         except HandlerRefused as exc:
             log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
             return exitcodes.HANDLER_IMPORT
+    if cfg.api_url_source == "default":
+        log_event(log, INFO, "no API URL given (--api-url, SPOOLED_API_URL or the file's api_url): using Spooled "
+                  "Cloud", api_url=cfg.api_url, grpc_url=cfg.grpc_url if cfg.transport == "grpc" else None)
     hooks = DaemonHooks(cfg)  # reads, then unsets, systemd's NOTIFY_SOCKET and WATCHDOG_*
     client = SpooledAPI(cfg.api_url, cfg.api_key, timeout=cfg.api_timeout, ca_bundle=cfg.ca_bundle,
                         on_request=hooks.api_request)

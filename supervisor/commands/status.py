@@ -84,12 +84,21 @@ def fmt_mib(rss: int | None) -> str:
     return "-" if rss is None else f"{rss / 1048576:.1f}"
 
 
+def queues(snap: dict) -> str:
+    """Every queue in priority order, with its jobs in flight when it has any: `a (3 in flight), b`."""
+    by_queue = snap.get("queues")
+    if not isinstance(by_queue, dict) or not by_queue:
+        return str(snap.get("queue", "?"))
+    return ", ".join(name + (f" ({row['inflight']} in flight)" if isinstance(row, dict) and row.get("inflight")
+                             else "") for name, row in by_queue.items())
+
+
 def render(snap: dict) -> str:
     """The snapshot as a header plus one aligned row per child."""
     state = "draining" if snap.get("draining") else ("registered" if snap.get("registered") else "not registered")
     lines = [
         f"worker   {snap.get('worker_id', '?')}  (pid {snap.get('pid', '?')}, version {snap.get('version', '?')})",
-        f"queue    {snap.get('queue', '?')}",
+        f"{'queues' if len(snap.get('queues') or {}) > 1 else 'queue':<8} {queues(snap)}",
         f"state    {state}",
         f"busy     {snap.get('busy', 0)}/{snap.get('procs', 0)}",
     ]
@@ -112,11 +121,22 @@ def render(snap: dict) -> str:
             str(child.get("jobs_done", 0)),
             str(child.get("restarts", 0)),
         ))
+    running = {child.get("slot") for child in snap.get("children") or []}
+    failing = sorted(snap.get("failing") or [], key=lambda f: f.get("slot", 0))
+    for slot in failing:  # a slot with no child up (it keeps failing to start) is a row too
+        if slot.get("slot") not in running:
+            rows.append((str(slot.get("slot", "?")), "-", "failing", "-", "-", "-", "0", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     if len(rows) == 1:
         lines.append("(no children)")
+    for slot in failing:
+        retry = slot.get("retry_in_secs")
+        when = "retries now" if not retry else f"retries in {fmt_runtime(retry)}"
+        error = (str(slot.get("last_error") or "?").strip().splitlines() or ["?"])[0]
+        lines.append(f"slot {slot.get('slot', '?')} failing to start ({slot.get('failures', '?')} in a row, {when}): "
+                     f"{error}")
     return "\n".join(lines) + "\n"
 
 

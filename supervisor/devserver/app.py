@@ -29,7 +29,7 @@ from . import (
     workflows,
 )
 from . import handlers as h
-from .errors import HttpError
+from .errors import HttpError, no_route
 from .faults import RequestStats
 from .realtime import Broadcaster
 from .transport import Limits, Request, Server
@@ -187,7 +187,7 @@ class Router:
                 if best is not None:
                     methods, params = best[1], {name: unquote(segs[i]) for i, name in best[2]}
         if methods is None:
-            raise HttpError(404, "NOT_FOUND", "No route matches this path")
+            raise no_route(path)
         found = methods.get(method)
         if found is None:
             raise HttpError(405, "METHOD_NOT_ALLOWED", "This path does not support the request method",

@@ -1,7 +1,10 @@
 """`python -m supervisor dev-server`: flags and environment, start-up, signal handling.
 
 Start-up prints (flushed) `API key: <key>` and `Spooled dev server listening on
-http://HOST:PORT`. SIGTERM / SIGINT stop serving, close the DB and exit 0.
+http://HOST:PORT`. A key the server made itself is printed whole; one it adopted (--api-key,
+SPOOLED_API_KEY, SPOOLED_DEV_API_KEY) only as its source and last four characters (`API key: from
+SPOOLED_API_KEY, ending ...wxyz`). --key-file PATH writes the key in use to PATH (mode 0600), for scripts.
+SIGTERM / SIGINT stop serving, close the DB and exit 0.
 Every flag also reads an environment variable SPOOLED_DEV_<NAME> (the API key
 also reads SPOOLED_API_KEY); a flag on the command line wins.
 """
@@ -100,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grpc-port", _nonneg_int, None, "also serve Spooled's gRPC API on this port (0 picks a free one; needs the "
         "grpc extra); off unless given")
     add("--db", str, "spooled-dev.db", "SQLite database file, or :memory:")
+    add("--key-file", str, None, "write the API key in use to this file (mode 0600) once serving, for scripts "
+        "and tests; the start line never shows a key given to the server")
     add("--api-key", str, None, "API key of the default organization; generated sp_test_... and stored if absent",
         env="SPOOLED_API_KEY")
     add("--lease-duration", _pos_int, 30, "default job lease in seconds (claim, job heartbeat, register response)")
@@ -173,10 +178,32 @@ def _stop_event_on_signals() -> threading.Event:
     return stop
 
 
+def key_source(argv: list[str] | None, environ=os.environ) -> str | None:
+    """Where the key given to the server came from (the flag, then the variables), or None: it made its own."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
+        return "--api-key"
+    for name in ("SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"):
+        if environ.get(name):
+            return name
+    return None
+
+
+def key_line(key: str, source: str | None) -> str:
+    """`API key: KEY` for a key the server made; a given one named by its source and last four characters."""
+    return f"API key: {key}" if source is None else f"API key: from {source}, ending ...{key[-4:]}"
+
+
+def _write_key_file(path: str, key: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+
+
 def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_port: int | None, faults: Faults,
-              limiter: RateLimiter | None) -> None:
+              limiter: RateLimiter | None, source: str | None = None) -> None:
     """The start-up lines: key and addresses on stdout (tests and scripts read them), settings on stderr."""
-    print(f"API key: {key}", flush=True)
+    print(key_line(key, source), flush=True)
     print(f"Spooled dev server listening on http://{host}:{port}", flush=True)
     if grpc_port is not None:
         print(f"Spooled gRPC listening on {host}:{grpc_port}", flush=True)
@@ -192,6 +219,7 @@ def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_por
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    source = key_source(argv) if args.api_key else None
     opened = _open_store(args)
     if opened is None:
         return 2
@@ -211,6 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         return 1
     host, port = server.server_address[:2]
+    if args.key_file:
+        try:
+            _write_key_file(args.key_file, key)
+        except OSError as e:
+            print(f"error: cannot write --key-file {args.key_file}: {e}", file=sys.stderr, flush=True)
+            server.server_close()
+            store.close()
+            return 2
     grpc_server, grpc_port = None, None
     if args.grpc_port is not None:
         try:
@@ -224,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.schedule_interval).start()
     stop = _stop_event_on_signals()
     serve_in_thread(server)
-    _announce(args, key, host, port, grpc_port, faults, limiter)
+    _announce(args, key, host, port, grpc_port, faults, limiter, source)
     while not stop.wait(0.5):
         pass
     if grpc_server is not None:

@@ -6,6 +6,9 @@ validation errors add `details` (a list of {field, message, code}).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 STATUS_CODES = {
     400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "ACCESS_DENIED", 404: "NOT_FOUND",
     405: "METHOD_NOT_ALLOWED", 408: "REQUEST_TIMEOUT", 409: "CONFLICT", 413: "PAYLOAD_TOO_LARGE",
@@ -50,10 +53,43 @@ def validation(field: str, message: str, code: str = "invalid") -> HttpError:
                     extra={"error": "Validation failed"})
 
 
-def missing_field(field: str) -> HttpError:
-    """422: a required field is absent (serde's `missing field`)."""
+# What a body shaped like the published worker examples sends in place of a required field: (missing, sent) ->
+# what to send. Only a hint in the message; the answer's status and code are the real server's.
+FIELD_HINTS = {
+    ("queue_name", "queue_names"): "register once per queue with `queue_name` (there is no `queue_names`)",
+    ("worker_id", "id"): "the worker's own id goes in `worker_id`",
+    ("worker_id", "result"): "complete needs the `worker_id` and `lease_id` of the claim, beside `result`",
+    ("worker_id", "reason"): "fail needs the `worker_id` and `lease_id` of the claim, and its text in `error`",
+    ("worker_id", "extension_seconds"): "a lease is renewed with `worker_id`, `lease_id` and `lease_duration_secs`",
+    ("lease_id", None): "send the `lease_id` the claim returned with the job",
+    ("error", "reason"): "a failure's text goes in `error` (there is no `reason`)",
+}
+# Routes those examples name that the API does not have: path pattern -> what to use instead.
+ROUTE_HINTS = {
+    re.compile(r"^/api/v1/jobs/[^/]+/renew-lease$"): "renew a job's lease with POST /api/v1/jobs/{id}/heartbeat "
+    '{"worker_id", "lease_id", "lease_duration_secs"}',
+}
+
+
+def field_hint(field: str, sent: Iterable[str]) -> str | None:
+    """What to send instead, when the body holds a field the published examples use in place of `field`."""
+    for name in sent:
+        if (field, name) in FIELD_HINTS:
+            return FIELD_HINTS[(field, name)]
+    return FIELD_HINTS.get((field, None))
+
+
+def no_route(path: str) -> HttpError:
+    """404 for a path no route matches; a path the published examples name says which route to use."""
+    hint = next((text for pattern, text in ROUTE_HINTS.items() if pattern.match(path)), None)
+    return HttpError(404, "NOT_FOUND", "No route matches this path" + (f": {hint}" if hint else ""))
+
+
+def missing_field(field: str, hint: str | None = None) -> HttpError:
+    """422: a required field is absent (serde's `missing field`); `hint`, when known, says in the message what
+    to send (the details keep the real server's text)."""
     msg = f"Field `{field}` is required"
-    return HttpError(422, "VALIDATION_ERROR", msg,
+    return HttpError(422, "VALIDATION_ERROR", msg + (f": {hint}" if hint else ""),
                     details=[{"field": field, "message": msg, "code": "missing_field"}],
                     extra={"error": "Validation failed"})
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import invalid_json, invalid_type, missing_field, validation
+from .errors import field_hint, invalid_json, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
@@ -75,7 +75,7 @@ class Body:
         v = self.d.get(name, _MISSING)
         if v is _MISSING or v is None:
             if required:
-                raise missing_field(name)
+                raise missing_field(name, field_hint(name, self.d))
             return _MISSING
         return v
 
@@ -115,7 +115,7 @@ class Body:
         v = self.d.get(name, _MISSING)
         if v is _MISSING:
             if required:
-                raise missing_field(name)
+                raise missing_field(name, field_hint(name, self.d))
             return False, None
         return True, v
 

@@ -60,6 +60,10 @@ class Published:
         for row, job_started_at in self.children:
             rows.append({**row, "job_runtime_secs": None if job_started_at is None else round(now - job_started_at, 3)})
         out["children"] = rows
+        if "failing" in out:  # slots whose child keeps failing to start: when each tries again, as an age
+            out["failing"] = [{k: v for k, v in {**row, "retry_in_secs": None if row.get("retry_at") is None else
+                                                 round(max(0.0, float(row["retry_at"]) - now), 3)}.items()
+                               if k != "retry_at"} for row in out["failing"]]  # type: ignore[attr-defined]
         return out
 ROUTES = ["/healthz", "/readyz", "/metrics", "/status", "POST /drain"]
 

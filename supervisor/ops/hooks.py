@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+from logging import INFO
+
 from supervisor.config import Config
 from supervisor.ops.deletion_cost import PodAnnotator, deletion_cost
 from supervisor.ops.health import HealthServer
+from supervisor.ops.logs import log_event
 from supervisor.ops.metrics import DaemonMetrics
 from supervisor.ops.notify import Notifier
 from supervisor.ops.nullhooks import NullHooks
@@ -12,6 +16,9 @@ from supervisor.ops.title import set_title
 
 STATUS_EVERY = 2.0  # seconds between systemd STATUS= lines
 EXTEND_EVERY = 5.0  # seconds between EXTEND_TIMEOUT_USEC messages while reloading or draining
+
+
+log = logging.getLogger("supervisor")
 
 
 class DaemonHooks(NullHooks):
@@ -38,6 +45,7 @@ class DaemonHooks(NullHooks):
             self.health = HealthServer(self.cfg.health_host, self.cfg.health_port, snapshot, self.metrics,
                                        max_api_silence=self.cfg.ready_api_silence, drain=drain)
             self.health.start()
+            log_event(log, INFO, "serving the health port", host=self.cfg.health_host, port=self.health.port)
         if self.annotator is not None:
             self.annotator.start()
 

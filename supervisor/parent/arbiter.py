@@ -596,7 +596,7 @@ class Arbiter:
             "rate_limit_rps": pacer["rate_limit_rps"], "rate_limited_answers": pacer["rate_limited_answers"],
             "claim_rtt_ms": claiming["claim_rtt_ms"], "reserve_wait_ms": claiming["reserve_wait_ms"],
             "memory": {**self.pressure.stats(), "oom_kills": pool["oom_kills"], "preload": self.cfg.preload},
-            "wake": self.listener.stats(), "children": None,
+            "wake": self.listener.stats(), "children": None, "failing": pool["failing"],
         }
         children = tuple((row, started_at.get(row["job_id"])) for row in rows)
         self.published = Published(MappingProxyType(fields), children, self.loop_at, self.started_at,

@@ -69,6 +69,7 @@ class ChildPool:
         self.target: int = cfg.procs  # how many children we want
         self.respawn_at: dict[int, float] = {}  # slot -> earliest restart after a failed start
         self.boot_failures: dict[int, int] = {}  # slot -> failed starts in a row
+        self.boot_errors: dict[int, str] = {}  # slot -> why its last start failed (while it keeps failing)
         self.restarts: dict[int, int] = {}  # slot -> children replaced there so far
         self.last_boot_failure = -1e9
         self.recent_crashes: list[float] = []  # when children crashed, the last DEGRADED_FOR seconds
@@ -131,7 +132,8 @@ class ChildPool:
         return round(cpu, 1), round(mem, 2)
 
     def stats(self) -> dict:
-        """Plain data for the published snapshot: the pool's size, its OOM kills and one row per child."""
+        """Plain data for the published snapshot: the pool's size, its OOM kills, one row per child, and one per
+        slot whose child keeps failing to start (its failures in a row, last error and monotonic retry time)."""
         rows: list[dict] = []
         for child in sorted(self.children.values(), key=lambda c: c.slot):
             mem = child.memory
@@ -141,7 +143,9 @@ class ChildPool:
                 "restarts": self.restarts.get(child.slot, 0), "memory_bytes": mem.bytes if mem else None,
                 "subprocesses": mem.subprocesses if mem else None, "memory_kind": mem.kind if mem else None,
             })
-        return {"procs": self.target, "oom_kills": self.oom_kills, "children": rows}
+        failing = [{"slot": slot, "failures": failures, "last_error": self.boot_errors.get(slot, ""),
+                    "retry_at": self.respawn_at.get(slot)} for slot, failures in sorted(self.boot_failures.items())]
+        return {"procs": self.target, "oom_kills": self.oom_kills, "children": rows, "failing": failing}
 
     def next_deadline(self, now: float) -> float | None:
         times = [c.kill_at for c in self.children.values() if c.kill_at is not None]
@@ -226,6 +230,7 @@ class ChildPool:
         for slot in [s for s in self.respawn_at if s >= self.target]:
             del self.respawn_at[slot]  # resized away: nothing to respawn there
             self.boot_failures.pop(slot, None)
+            self.boot_errors.pop(slot, None)
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not stopping_for_good:
                 self._start_child(slot, now)
@@ -357,6 +362,7 @@ class ChildPool:
     def _ready(self, child: Child, now: float, keeper_pid: int | None = None) -> ChildReady:
         child.became_ready(now, keeper_pid)
         self.boot_failures.pop(child.slot, None)
+        self.boot_errors.pop(child.slot, None)
         self.changed = True
         first, self.any_ready = not self.any_ready, True
         return ChildReady(child.slot, first)
@@ -388,6 +394,7 @@ class ChildPool:
     def _boot_failed(self, child: Child, cause: str, now: float) -> None:
         failures = self.boot_failures.get(child.slot, 0) + 1
         self.boot_failures[child.slot] = failures
+        self.boot_errors[child.slot] = child.boot_error or cause
         self.last_boot_failure = now
         delay = backoff(failures, 0.5, 30.0)
         self.respawn_at[child.slot] = now + delay
@@ -395,7 +402,7 @@ class ChildPool:
         if not self.any_ready and child.boot_error is not None:
             raise HandlerImportFailed(child.boot_error)
         log_event(log, ERROR, "child failed while starting; backing off", slot=child.slot, pid=child.pid,
-                  cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[-500:])
+                  cause=cause, retry_in=round(delay, 2), failures=failures, error=(child.boot_error or "")[:500])
 
     def _check_memory(self, now: float) -> list[Fact]:
         """Sample each child's process tree. Enforce --max-memory-per-child on it: a child over the cap is
@@ -474,6 +481,7 @@ class ChildPool:
             failures = self.boot_failures[slot] = self.boot_failures.get(slot, 0) + 1
             self.last_boot_failure = now
             self.respawn_at[slot] = now + backoff(failures, 0.5, 30.0)
+            self.boot_errors[slot] = f"could not start a child: {exc}"
             log_event(log, ERROR, "could not start a child", slot=slot, error=str(exc), failures=failures)
             return
         self.children[slot] = child

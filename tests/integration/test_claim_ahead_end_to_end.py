@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import Daemon, DevServer, free_port, parse_ts, wait_for_status, wait_until
+from conftest import Daemon, DevServer, parse_ts, wait_for_status, wait_until
 from support.intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
 
 RECORD = "tests.support.handlers_intake:record"
@@ -49,8 +49,8 @@ def reserve_behind_a_long_job(server: DevServer, daemon: Daemon, port: int, long
 def test_a_reserved_job_keeps_its_lease_and_its_timeout_counts_from_its_start(dev_server, daemon_factory):
     """--lease 5 (renewed every 1.7 s) and a 6 s job ahead: the reserved job waits longer than its
     lease, so only renewals keep it; it has timeout_seconds 1, far less than it waits."""
-    port = free_port()
-    d = daemon_factory("ca-wait", procs=1, args=["--lease", "5", "--health-port", str(port)]).wait_ready()
+    d = daemon_factory("ca-wait", procs=1, args=["--lease", "5", "--health-port", "0"]).wait_ready()
+    port = d.health_port
     train(dev_server, "ca-wait")
     long_id, wait_id, first = reserve_behind_a_long_job(dev_server, d, port, {"do": "sleep", "secs": 6},
                                                         {"do": "sleep", "secs": 0.1}, timeout_seconds=1)
@@ -77,9 +77,9 @@ def test_a_reserved_job_keeps_its_lease_and_its_timeout_counts_from_its_start(de
 def test_sigterm_with_a_reserved_job_leaves_every_job_completed_or_queued_and_none_processing(
         dev_server, daemon_factory, drain):
     finishes = drain == "drain finishes"
-    port = free_port()
     d = daemon_factory(f"ca-term-{int(finishes)}", procs=1, args=[
-        "--health-port", str(port), "--drain-timeout", "15" if finishes else "1"]).wait_ready()
+        "--health-port", "0", "--drain-timeout", "15" if finishes else "1"]).wait_ready()
+    port = d.health_port
     trained = train(dev_server, d.queue)
     long_job = {"do": "sleep", "secs": 1.5 if finishes else 60}
     long_id, wait_id, _ = reserve_behind_a_long_job(dev_server, d, port, long_job, {"do": "sleep", "secs": 0.05})
@@ -148,8 +148,8 @@ def test_a_reserved_job_whose_lease_ran_out_never_reaches_a_child(dev_server, da
     whose job ends after the lease did, nor the daemon on waking may start the stale copy: that
     delivery would run work another worker may already hold."""
     runs = tmp_path / "runs.txt"
-    port = free_port()
-    d = daemon_factory("ca-lost", procs=1, handler=RECORD, args=["--lease", "5", "--health-port", str(port)])
+    d = daemon_factory("ca-lost", procs=1, handler=RECORD, args=["--lease", "5", "--health-port", "0"])
+    port = d.health_port
     d.wait_ready()
     train_ids = [dev_server.enqueue("ca-lost", {"log": str(runs), "secs": 0.05}) for _ in range(4)]
     wait_for_status(dev_server, train_ids, timeout=20)
@@ -183,8 +183,8 @@ def test_a_reserved_job_whose_lease_ran_out_never_reaches_a_child(dev_server, da
 def test_jobs_far_longer_than_the_round_trip_are_not_reserved(dev_server, daemon_factory):
     """1 s jobs against a loopback API (about a millisecond): a job is claimed for a busy child only
     within a few milliseconds of its end, so a fleet shares long jobs as evenly as without claim-ahead."""
-    port = free_port()
-    d = daemon_factory("ca-long", procs=2, args=["--health-port", str(port)]).wait_ready()
+    d = daemon_factory("ca-long", procs=2, args=["--health-port", "0"]).wait_ready()
+    port = d.health_port
     ids = [dev_server.enqueue("ca-long", {"do": "sleep", "secs": 1.0}) for _ in range(6)]
     samples: list[int] = []
 

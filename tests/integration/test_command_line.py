@@ -115,3 +115,47 @@ def test_run_jobs_does_not_take_version_for_a_daemon_option():
 
     with pytest.raises(TypeError, match="unknown daemon option 'version'"):
         daemon_args({"version": True})
+
+
+PROJECT_HANDLER = '''
+import os
+
+
+def resize(ctx):
+    return {"pid": os.getpid(), "width": ctx.payload["width"] * 2}
+'''
+
+
+@pytest.mark.timeout(60)
+def test_the_installed_script_finds_the_code_of_the_project_folder_it_runs_in(dev_server, tmp_path):
+    """`cd myproject; spooled-supervisor --handler mypackage.jobs:resize`, as with `python -m supervisor`: the
+    children and the import probe (no --queue: the queue would come from an SDK worker) find the package."""
+    package = tmp_path / "mypackage"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "jobs.py").write_text(PROJECT_HANDLER)
+    job = dev_server.enqueue("project-q", {"width": 21})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"SPOOLED_API_KEY": dev_server.api_key}
+    args = ["--handler", "mypackage.jobs:resize", "--procs", "1", "--api-url", dev_server.url, "--until-empty",
+            "--poll-interval", "0.2", "--worker-id", "w-project", "--queue", "project-q"]
+    done = subprocess.run([str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert dev_server.job(job)["result"]["width"] == 42
+    probed = subprocess.run([str(SCRIPT), *args[:-2]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=45)  # no --queue: the probe imports the handler, finds no SDK worker
+    assert probed.returncode == 2 and "--queue is required" in probed.stderr, probed.stderr[-3000:]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("queue", [["--queue", "nowhere-q"], []])
+def test_a_handler_module_found_nowhere_exits_3_with_one_line_saying_where_and_what_to_do(dev_server, tmp_path,
+                                                                                         queue):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"SPOOLED_API_KEY": dev_server.api_key}
+    done = subprocess.run([str(SCRIPT), "--handler", "mypackage.jobs:resize", "--procs", "1", "--api-url",
+                           dev_server.url, "--log-format", "text", *queue], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=45)
+    assert done.returncode == 3, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if "No module named" in line]
+    assert len(errors) == 1, done.stderr
+    assert str(tmp_path) in errors[0] and "pip install -e ." in errors[0] and "PYTHONPATH" in errors[0]
+    assert "Traceback" not in done.stderr and "importlib" not in done.stderr

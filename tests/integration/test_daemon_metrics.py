@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from conftest import (
     Daemon,
-    free_port,
     metric,
     wait_for_status,
     wait_until,
@@ -17,8 +16,8 @@ DONE = ("completed", "failed", "deadletter")
 # ---------------------------------------------------------------- metrics from a real daemon
 @pytest.mark.timeout(90)
 def test_outcomes_and_child_restarts_in_metrics_of_a_real_daemon(dev_server, stopped):
-    port = free_port()
-    d = Daemon(dev_server, "q-out", procs=2, worker_id="w-out", args=["--health-port", str(port)]).start()
+    d = Daemon(dev_server, "q-out", procs=2, worker_id="w-out", args=["--health-port", "0"]).start()
+    port = d.health_port
     stopped.append(d)
     d.wait_ready()
     cases = {"completed": {"do": "echo"}, "failed": {"do": "raise"}, "timed_out": {"do": "hang"},

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import requests
-from conftest import ROOT, free_port, wait_for_status, wait_until
+from conftest import ROOT, wait_for_status, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -100,10 +100,10 @@ def family_of(name: str, types: dict[str, str]) -> str | None:
 @pytest.fixture
 def live_metrics(dev_server, daemon_factory) -> str:
     """The /metrics answer of a real daemon after it completed jobs, failed one and renewed nothing yet."""
-    port = free_port()
     ids = [dev_server.enqueue("dash", {"do": "cpu", "ms": 20}) for _ in range(4)]
     ids.append(dev_server.enqueue("dash", {"do": "raise"}, max_retries=0))
-    daemon_factory("dash", procs=2, worker_id="dash-worker", args=["--health-port", str(port)]).wait_ready()
+    daemon = daemon_factory("dash", procs=2, worker_id="dash-worker", args=["--health-port", "0"]).wait_ready()
+    port = daemon.health_port
     wait_for_status(dev_server, ids, statuses=("completed", "deadletter"), timeout=30)
     url = f"http://127.0.0.1:{port}/metrics"
 

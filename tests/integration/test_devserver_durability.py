@@ -77,10 +77,12 @@ def test_sigterm_exits_zero_and_given_key_is_used(tmp_path):
     jid = s.enqueue("q", 1)
     s.stop(signal.SIGTERM)
     assert s.proc.returncode == 0
+    assert "API key: from --api-key, ending ...6789" in s.out.text()
     env_key = DevServer(db, env={"SPOOLED_API_KEY": "sp_test_env_key_abcdefghij"}).start()
     try:
         assert env_key.api_key == "sp_test_env_key_abcdefghij"
         assert env_key.job(jid)["payload"] == 1
+        assert "API key: from SPOOLED_API_KEY, ending ...ghij" in env_key.out.text()
         # the key given earlier still works: keys are stored, not replaced
         assert env_key.request("GET", f"/api/v1/jobs/{jid}", key="sp_test_given_key_0123456789").status_code == 200
     finally:
@@ -145,3 +147,24 @@ def test_help_documents_the_resilience_switches():
         "/_dev/faults",
     ):
         assert flag in r.stdout, flag
+
+
+def test_an_adopted_key_is_never_echoed_and_the_key_file_holds_the_key_in_use(tmp_path):
+    """A real key in the environment is adopted: the output names its source and last four characters only; a
+    key the server made itself is still printed; --key-file gives scripts either."""
+    real = "sp_live_" + "q" * 24 + "WXYZ"
+    adopted = DevServer(str(tmp_path / "a.db"), env={"SPOOLED_API_KEY": real},
+                        extra=["--key-file", str(tmp_path / "a.key")]).start()
+    try:
+        assert adopted.request("GET", "/api/v1/jobs/stats").status_code == 200
+        assert (tmp_path / "a.key").read_text() == real + "\n" and (tmp_path / "a.key").stat().st_mode & 0o077 == 0
+    finally:
+        adopted.stop()
+    text = adopted.out.text()
+    assert real not in text and real[8:] not in text and "API key: from SPOOLED_API_KEY, ending ...WXYZ" in text
+    made = DevServer(str(tmp_path / "m.db"), extra=["--key-file", str(tmp_path / "m.key")]).start()
+    try:
+        assert made.api_key.startswith("sp_test_") and f"API key: {made.api_key}" in made.out.text()
+        assert (tmp_path / "m.key").read_text() == made.api_key + "\n"
+    finally:
+        made.stop()

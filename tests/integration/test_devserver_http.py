@@ -524,3 +524,31 @@ def test_dlq_purge_really_purges(dev_server):
     }
     assert s.request("POST", "/api/v1/jobs/dlq/purge", json={"confirm": True}).json() == {"purged_count": 1}
     assert s.stats()["deadletter"] == 0 and s.stats()["total"] == 1
+
+
+def test_the_workers_guides_bodies_get_answers_that_name_what_to_send(dev_server):
+    """The guide's register (`id`, `queue_names`), complete with only `result`, fail with `reason` and
+    `POST /jobs/{id}/renew-lease` are refused as the real server refuses them, with a message naming the field
+    or route to use; sent as the hints say, each is taken."""
+    s = dev_server
+    guide_register = {"id": "worker-abc123", "queue_names": ["emails"], "max_concurrent_jobs": 10,
+                      "hostname": "worker-1.example.com"}
+    r = s.request("POST", "/api/v1/workers/register", json=guide_register)
+    assert r.status_code == 422 and "`queue_name` (there is no `queue_names`)" in r.json()["message"], r.text
+    r = s.request("POST", "/api/v1/workers/register", json={"worker_id": "worker-abc123", "queue_name": "emails",
+                                                             "hostname": "worker-1.example.com"})
+    assert r.status_code == 201 and r.json()["id"] == "worker-abc123"
+    jid = s.enqueue("emails", {})
+    (job,) = claim(s, "emails", "worker-abc123")
+    r = s.request("POST", f"/api/v1/jobs/{jid}/complete", json={"result": {"delivered": True}})
+    assert r.status_code == 422 and "`worker_id` and `lease_id` of the claim" in r.json()["message"], r.text
+    r = s.request("POST", f"/api/v1/jobs/{jid}/fail", json={"reason": "SMTP down"})
+    assert r.status_code == 422 and "its text in `error`" in r.json()["message"], r.text
+    r = s.request("POST", f"/api/v1/jobs/{jid}/renew-lease", json={"extension_seconds": 300})
+    assert r.status_code == 404 and "POST /api/v1/jobs/{id}/heartbeat" in r.json()["message"], r.text
+    renew = {"worker_id": "worker-abc123", "lease_id": job["lease_id"], "lease_duration_secs": 300}
+    r = s.request("POST", f"/api/v1/jobs/{jid}/heartbeat", json=renew)
+    assert r.status_code == 200 and r.json() == {"success": True}
+    r = s.request("POST", f"/api/v1/jobs/{jid}/complete", json={"worker_id": "worker-abc123",
+                                                                "lease_id": job["lease_id"], "result": {"ok": 1}})
+    assert r.status_code == 200 and s.job(jid)["status"] == "completed"

@@ -27,9 +27,9 @@ def drain(port: int, *extra: str, timeout: float = 60) -> subprocess.CompletedPr
 def test_drain_finishes_the_running_jobs_and_hands_the_reserve_back(tmp_path):
     server = DevServer(str(tmp_path / "dev.db"), extra=["--fault-delay-ms", "40"]).start()
     ids = [server.enqueue("q-drain", {"do": "sleep", "secs": 0.1}) for _ in range(80)]
-    port = free_port()
     d = Daemon(server, "q-drain", procs=2, worker_id="w-drain",
-               args=["--health-port", str(port), "--log-level", "DEBUG"]).start()  # DEBUG: "job held", "job started"
+               args=["--health-port", "0", "--log-level", "DEBUG"]).start()  # DEBUG: "job held", "job started"
+    port = d.health_port
     try:
         d.wait_ready()
         d.wait_events("job completed", count=6)
@@ -62,9 +62,9 @@ def test_drain_finishes_the_running_jobs_and_hands_the_reserve_back(tmp_path):
 @pytest.mark.timeout(60)
 def test_at_the_drain_deadline_running_jobs_go_back_at_once_not_to_their_lease(tmp_path):
     server = DevServer(str(tmp_path / "dev.db")).start()
-    port = free_port()
     d = Daemon(server, "q-deadline", procs=1, worker_id="w-deadline",
-               args=["--health-port", str(port), "--drain-timeout", "1", "--lease", "300"]).start()
+               args=["--health-port", "0", "--drain-timeout", "1", "--lease", "300"]).start()
+    port = d.health_port
     try:
         d.wait_ready()
         job = server.enqueue("q-deadline", {"do": "sleep", "secs": 120})
@@ -135,9 +135,9 @@ def test_sigterm_during_a_requested_drain_stops_at_once_and_hands_the_job_back(t
     """The preStop hook ran out of time (or was cut short): the stop signal that follows does not wait out the
     drain timeout, it stops the children and deregisters, so the job is back in the queue at once."""
     server = DevServer(str(tmp_path / "dev.db")).start()
-    port = free_port()
     d = Daemon(server, "q-cut", procs=1, worker_id="w-cut",
-               args=["--health-port", str(port), "--drain-timeout", "120", "--lease", "300"]).start()
+               args=["--health-port", "0", "--drain-timeout", "120", "--lease", "300"]).start()
+    port = d.health_port
     try:
         d.wait_ready()
         job = server.enqueue("q-cut", {"do": "sleep", "secs": 120})

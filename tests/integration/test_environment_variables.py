@@ -8,7 +8,6 @@ import pytest
 from conftest import (
     PY,
     Daemon,
-    free_port,
     parse_ts,
     wait_for_status,
     wait_until,
@@ -22,13 +21,12 @@ DONE = ("completed", "failed", "deadletter")
 @pytest.mark.timeout(60)
 def test_the_environment_variables_take_effect(dev_server, stopped, tmp_path):
     """No flag at all: every setting from SPOOLED_* variables, checked by what the daemon then does."""
-    port = free_port()
     key_file = tmp_path / "key"
     key_file.write_text(dev_server.api_key + "\n")
     env = {"SPOOLED_API_KEY": "", "SPOOLED_API_KEY_FILE": str(key_file), "SPOOLED_QUEUE": "q-env",
            "SPOOLED_HANDLER": "supervisor.demo_handlers:misbehave", "SPOOLED_PROCS": "3",
            "SPOOLED_API_URL": dev_server.url, "SPOOLED_WORKER_ID": "w-from-env", "SPOOLED_LEASE": "45",
-           "SPOOLED_POLL_INTERVAL": "0.2", "SPOOLED_HEALTH_PORT": str(port), "SPOOLED_HEALTH_HOST": "127.0.0.1",
+           "SPOOLED_POLL_INTERVAL": "0.2", "SPOOLED_HEALTH_PORT": "0", "SPOOLED_HEALTH_HOST": "127.0.0.1",
            "SPOOLED_LOG_FORMAT": "json", "SPOOLED_LOG_LEVEL": "DEBUG", "SPOOLED_MAX_RESULT_BYTES": "5000",
            "SPOOLED_MAX_JOBS_PER_CHILD": "2", "SPOOLED_KILL_GRACE": "1", "SPOOLED_DRAIN_TIMEOUT": "7",
            "SPOOLED_API_TIMEOUT": "10"}
@@ -36,6 +34,7 @@ def test_the_environment_variables_take_effect(dev_server, stopped, tmp_path):
     d.cmd = [PY, "-m", "supervisor", "run"]
     stopped.append(d.start())
     d.wait_ready()
+    port = d.health_port
     snap = wait_until(lambda: (lambda s: s if len(s["children"]) == 3 else None)(status_of(port)), timeout=15,
                       what="three children (SPOOLED_PROCS)")
     assert snap["worker_id"] == "w-from-env" and snap["queue"] == "q-env" and snap["procs"] == 3

@@ -144,3 +144,17 @@ def test_chaos_killed_children_and_unavailable_faults_lose_nothing(server, daemo
     stats = server.stats()
     assert stats["completed"] == 24 and stats["processing"] == 0 and stats["deadletter"] == 0, stats
     assert killed == 3 and daemon.proc.poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_grpc_with_no_rest_url_sends_nothing_anywhere_and_asks_for_api_url(server):
+    """A self-hosted gRPC server named, no REST URL: the daemon would otherwise send REST requests, with the
+    key, to Spooled Cloud. It exits 2 before any request, asking for --api-url."""
+    since = time.time()
+    d = Daemon(server, "g-norest", args=["--transport", "grpc", "--grpc-url", server.grpc_address])
+    d.cmd[d.cmd.index("--api-url"):d.cmd.index("--api-url") + 2] = []  # the REST URL not given at all
+    d.start()
+    assert d.wait(20) == 2
+    lines = [line for line in d.out.text().splitlines() if line.strip()]
+    assert len(lines) == 1 and "--api-url" in lines[0] and "Spooled Cloud" in lines[0], lines
+    assert server.requests_seen(since) == [] and "api.spooled.cloud" not in d.out.text().replace(lines[0], "")

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import DevServer, free_port, wait_for_status, wait_until
+from conftest import DevServer, wait_for_status, wait_until
 from support.flow_sim import make_cfg
 from support.intake_helpers import bulk, daemons_fixture, log_records, servers_fixture, status  # noqa: F401 (fixtures)
 from support.job_parts import JobParts
@@ -214,8 +214,8 @@ def hold_behind(server: DevServer, d, port: int, long_payload: dict, next_payloa
 
 @pytest.mark.timeout(90)
 def test_a_held_jobs_timeout_counts_from_its_start_not_from_when_it_was_sent(dev_server, daemon_factory):
-    port = free_port()
-    d = daemon_factory("held-timeout", procs=1, args=["--health-port", str(port), "--log-level", "DEBUG"])
+    d = daemon_factory("held-timeout", procs=1, args=["--health-port", "0", "--log-level", "DEBUG"])
+    port = d.health_port
     d.wait_ready()
     train(dev_server, d.queue)
     long_id, next_id = hold_behind(dev_server, d, port, {"do": "sleep", "secs": 2.0}, {"do": "sleep", "secs": 0.3},
@@ -231,9 +231,9 @@ def test_a_held_job_whose_lease_is_lost_is_taken_back_and_never_started(dev_serv
     """--lease 5: the held job's first renewal (after about 1.7 s) finds its lease gone (another worker
     holds the job now) while the long job still runs; the daemon asks the child for it back."""
     runs = tmp_path / "runs.txt"
-    port = free_port()
     d = daemon_factory("held-lost", procs=1, handler=RECORD,
-                       args=["--lease", "5", "--health-port", str(port), "--log-level", "DEBUG"]).wait_ready()
+                       args=["--lease", "5", "--health-port", "0", "--log-level", "DEBUG"]).wait_ready()
+    port = d.health_port
     train_ids = [dev_server.enqueue(d.queue, {"log": str(runs), "secs": 0.05}) for _ in range(4)]
     wait_for_status(dev_server, train_ids, timeout=20)
     long_id, next_id = hold_behind(dev_server, d, port, {"log": str(runs), "secs": 4.0},
@@ -252,9 +252,9 @@ def test_a_held_job_whose_lease_is_lost_is_taken_back_and_never_started(dev_serv
 def test_a_drain_takes_held_jobs_back_so_no_child_starts_one_on_its_own(dev_server, daemon_factory):
     """SIGTERM while a job is held: the daemon asks for it back at once; like a reserved job, it is then
     run by the drain, handed out by the parent once the long job has ended."""
-    port = free_port()
-    d = daemon_factory("held-drain", procs=1, args=["--health-port", str(port), "--log-level", "DEBUG",
+    d = daemon_factory("held-drain", procs=1, args=["--health-port", "0", "--log-level", "DEBUG",
                                                     "--drain-timeout", "20"]).wait_ready()
+    port = d.health_port
     train(dev_server, d.queue)
     long_id, next_id = hold_behind(dev_server, d, port, {"do": "sleep", "secs": 2.0}, {"do": "sleep", "secs": 0.05})
     d.signal(signal.SIGTERM)
@@ -293,8 +293,8 @@ def test_prefetch_0_holds_nothing_in_children(servers, daemons, prefetch):  # no
 
 @pytest.mark.timeout(120)
 def test_with_2_s_jobs_no_child_holds_a_second_job(dev_server, daemon_factory):
-    port = free_port()
-    d = daemon_factory("held-long", procs=2, args=["--health-port", str(port), "--log-level", "DEBUG"]).wait_ready()
+    d = daemon_factory("held-long", procs=2, args=["--health-port", "0", "--log-level", "DEBUG"]).wait_ready()
+    port = d.health_port
     ids = [dev_server.enqueue(d.queue, {"do": "sleep", "secs": 2.0}) for _ in range(6)]
     samples: list[int] = []
 

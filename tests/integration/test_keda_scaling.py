@@ -12,7 +12,7 @@ import time
 
 import pytest
 import requests
-from conftest import Daemon, DevServer, free_port
+from conftest import Daemon, DevServer
 from support.keda_scaler import desired_replicas, scaled_object, scaler_query, triggers
 
 PROCS = 2  # children per pod, as the Deployment's CPU limit gives
@@ -35,8 +35,8 @@ def old_trigger_replicas(pending: float, processing: float) -> int:
 def test_the_replica_count_keda_asks_for_stays_within_the_busy_pods(tmp_path):
     server = DevServer(str(tmp_path / "dev.db"), extra=["--fault-delay-ms", "20"]).start()
     queue = "default"  # the queue the ScaledObject's URL names
-    port = free_port()
-    d = Daemon(server, queue, procs=PROCS, worker_id="w-keda", args=["--health-port", str(port)]).start()
+    d = Daemon(server, queue, procs=PROCS, worker_id="w-keda", args=["--health-port", "0"]).start()
+    port = d.health_port
     stop = threading.Event()
 
     def feed():  # at the daemon's pace, however fast it is: a short queue it keeps claiming ahead from

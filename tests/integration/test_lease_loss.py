@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psutil
 import pytest
-from conftest import Daemon, DevServer, free_port, metric, wait_for_status, wait_until
+from conftest import Daemon, DevServer, metric, wait_for_status, wait_until
 
 HANDLER = "tests.support.handlers_chaos:handle"
 LOST = "lease lost; stopping the job's work"
@@ -38,9 +38,9 @@ def server(tmp_path):
 
 
 def start(server: DevServer, queue: str, procs: int, lease: int) -> tuple[Daemon, int]:
-    port = free_port()
     d = Daemon(server, queue, handler=HANDLER, procs=procs, worker_id="w-" + queue,
-               args=["--lease", str(lease), "--health-port", str(port)]).start().wait_ready()
+               args=["--lease", str(lease), "--health-port", "0"]).start().wait_ready()
+    port = d.health_port
     return d, port
 
 

@@ -7,7 +7,7 @@ import time
 
 import psutil
 import pytest
-from conftest import free_port, wait_for_status, wait_until
+from conftest import wait_for_status, wait_until
 from support.intake_helpers import status as status_of
 
 DONE = ("completed", "deadletter", "failed")
@@ -22,9 +22,9 @@ def gone(pid: int) -> bool:
 
 @pytest.mark.timeout(90)
 def test_a_subprocess_past_the_cap_fails_the_job_and_leaves_no_process_behind(dev_server, daemon_factory, tmp_path):
-    port = free_port()
     d = daemon_factory("cap", handler="tests.support.handlers_memory:handle", procs=1,
-                       args=["--max-memory-per-child", "120", "--health-port", str(port)]).wait_ready(60)
+                       args=["--max-memory-per-child", "120", "--health-port", "0"]).wait_ready(60)
+    port = d.health_port
     pidfile = tmp_path / "sub.pid"
     started = time.monotonic()
     job_id = dev_server.enqueue("cap", {"do": "sub_alloc", "mb": 200, "secs": 60, "pidfile": str(pidfile)},

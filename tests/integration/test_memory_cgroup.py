@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import Daemon, free_port, wait_for_status, wait_until
+from conftest import Daemon, wait_for_status, wait_until
 from support.intake_helpers import status as status_of
 
 MiB = 2**20
@@ -69,9 +69,9 @@ def daemon_in(cg: Path, dev_server, queue: str, args: list[str], procs: int = 2)
 @pytest.mark.timeout(120)
 def test_pressure_pauses_sheds_the_newest_job_keeps_renewing_and_resumes(dev_server, cgroup):
     cg = cgroup(1024)
-    port = free_port()
     d = daemon_in(cg, dev_server, "pressure", ["--memory-high", "220", "--memory-max", "330", "--lease", "5",
-                                               "--health-port", str(port)]).wait_ready(60)
+                                               "--health-port", "0"]).wait_ready(60)
+    port = d.health_port
     try:
         # An older job holds 100 MiB for 14 s (under the high threshold alone), on a lease of 5 s.
         older = dev_server.enqueue("pressure", {"do": "alloc", "mb": 100, "secs": 14}, max_retries=0)
@@ -113,9 +113,9 @@ def test_pressure_pauses_sheds_the_newest_job_keeps_renewing_and_resumes(dev_ser
 @pytest.mark.timeout(120)
 def test_a_child_killed_by_the_kernel_oom_killer_is_named_so(dev_server, cgroup):
     cg = cgroup(300)
-    port = free_port()
-    d = daemon_in(cg, dev_server, "oom", ["--memory-high", "99%", "--memory-max", "100%", "--health-port", str(port)],
+    d = daemon_in(cg, dev_server, "oom", ["--memory-high", "99%", "--memory-max", "100%", "--health-port", "0"],
                   procs=1).wait_ready(60)
+    port = d.health_port
     try:
         started = time.monotonic()
         job_id = dev_server.enqueue("oom", {"do": "alloc", "mb": 600, "secs": 5}, max_retries=0)

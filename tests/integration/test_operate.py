@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
 import requests
-from conftest import Daemon, free_port, wait_for_status, wait_until
+from conftest import Daemon, wait_for_status, wait_until
 from support.intake_helpers import status as status_of
 
 
@@ -63,10 +65,10 @@ def environ_of(pid: int) -> list[str]:
 
 @pytest.mark.timeout(60)
 def test_health_port_metrics_and_status_command(dev_server):
-    port = free_port()
     ids = [dev_server.enqueue("q-metrics", {"do": "echo", "n": i}) for i in range(5)]
     bad = dev_server.enqueue("q-metrics", {"do": "raise"}, max_retries=0)
-    daemon = Daemon(dev_server, "q-metrics", procs=2, worker_id="w-metrics", args=["--health-port", str(port)]).start()
+    daemon = Daemon(dev_server, "q-metrics", procs=2, worker_id="w-metrics", args=["--health-port", "0"]).start()
+    port = daemon.health_port
     try:
         wait_for_status(dev_server, ids)
         wait_for_status(dev_server, [bad], statuses=("deadletter",))
@@ -122,10 +124,10 @@ def test_json_logs_carry_job_fields_and_never_the_key(dev_server):
 
 @pytest.mark.timeout(90)
 def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server):
-    port = free_port()
     ids = [dev_server.enqueue("q-hup", {"do": "cpu", "ms": 100}) for _ in range(60)]
     daemon = Daemon(dev_server, "q-hup", procs=2, worker_id="w-hup",
-                    args=["--health-port", str(port), "--log-level", "DEBUG"]).start()
+                    args=["--health-port", "0", "--log-level", "DEBUG"]).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         before = {c["pid"] for c in status_of(port)["children"]}
@@ -169,8 +171,8 @@ def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server
 
 @pytest.mark.timeout(60)
 def test_sigttin_and_sigttou_resize_the_pool(dev_server):
-    port = free_port()
-    daemon = Daemon(dev_server, "q-size", procs=2, worker_id="w-size", args=["--health-port", str(port)]).start()
+    daemon = Daemon(dev_server, "q-size", procs=2, worker_id="w-size", args=["--health-port", "0"]).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         daemon.signal(signal.SIGTTIN)
@@ -205,11 +207,11 @@ def test_text_log_format(dev_server):
 def test_sighup_with_code_that_no_longer_imports_keeps_the_old_children_working(dev_server, tmp_path):
     import psutil
 
-    port = free_port()
     flag = tmp_path / "boot-fail"
     daemon = Daemon(dev_server, "q-badreload", handler="tests.support.handlers_chaos:handle", procs=2,
-                    worker_id="w-badreload", args=["--health-port", str(port)],
+                    worker_id="w-badreload", args=["--health-port", "0"],
                     env={"CHAOS_BOOT_FAIL_FLAG": str(flag)}).start()
+    port = daemon.health_port
     try:
         daemon.wait_ready()
         flag.write_text("the new code is broken")
@@ -254,3 +256,33 @@ def test_children_inherit_neither_notify_socket_nor_credentials(dev_server, tmp_
     for name in ("SPOOLED_API_KEY", "CREDENTIALS_DIRECTORY", "NOTIFY_SOCKET", "WATCHDOG_USEC"):
         assert name not in env, name
     assert dev_server.api_key not in str(env)
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_that_keeps_failing_to_start_shows_in_status_with_its_error_and_retry(dev_server, tmp_path):
+    """A reload with broken code: the slot whose new child cannot import is listed by /status and `status`,
+    with the error and when it tries again, beside the child that runs."""
+    flag = tmp_path / "boot-fail"
+    daemon = Daemon(dev_server, "q-failing", handler="tests.support.handlers_chaos:handle", procs=2,
+                    worker_id="w-failing", args=["--health-port", "0"],
+                    env={"CHAOS_BOOT_FAIL_FLAG": str(flag)}).start()
+    try:
+        daemon.wait_ready()
+        port = daemon.health_port
+        flag.write_text("the new code is broken")
+        daemon.signal(signal.SIGHUP)
+        daemon.out.wait_for(r"child failed while starting; backing off")
+        snap = wait_until(lambda: (lambda s: s if s.get("failing") else None)(status_of(port)), timeout=10,
+                          what="a failing slot in /status")
+        (failing,) = snap["failing"]
+        assert failing["last_error"].startswith("RuntimeError: boot failure requested by")
+        assert failing["failures"] >= 1 and 0 <= failing["retry_in_secs"] <= 30
+        running = [c["slot"] for c in snap["children"] if c["state"] in ("idle", "busy")]
+        assert running == [1 - failing["slot"]]
+        table = subprocess.run([sys.executable, "-m", "supervisor", "status", "--port", str(port)],
+                               capture_output=True, text=True, timeout=30).stdout
+        assert f"slot {failing['slot']} failing to start (" in table and "RuntimeError: boot failure" in table
+        rows = {line.split()[0]: line.split() for line in table.splitlines() if line[:1].isdigit()}
+        assert sorted(rows) == ["0", "1"], table  # every slot, the failing one too
+    finally:
+        daemon.stop()

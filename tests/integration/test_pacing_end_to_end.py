@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from conftest import free_port, wait_for_status, wait_until
+from conftest import wait_for_status, wait_until
 from support.intake_helpers import bulk, daemons_fixture, dev_stats, servers_fixture, status  # noqa: F401 (fixtures)
 
 
@@ -57,10 +57,10 @@ def test_under_a_rate_limit_no_lease_lapses_and_429s_stay_rare(servers, daemons)
     """A free plan (5 requests/s, burst 10) and a mix of short jobs and jobs that need renewals on a 5 s
     lease: completes and renewals go first, so no lease lapses and no result is refused."""
     server = servers("--rate-limit", "5")
-    port = free_port()
     payloads = [{"do": "sleep", "secs": 2.5 if i % 4 == 0 else 0.05} for i in range(12)]
     ids = bulk(server, "pc-limit", payloads)  # one request: the test spends as little of the plan as it can
-    d = daemons(server, "pc-limit", procs=2, args=["--lease", "5", "--health-port", str(port)]).wait_ready()
+    d = daemons(server, "pc-limit", procs=2, args=["--lease", "5", "--health-port", "0"]).wait_ready()
+    port = d.health_port
     wait_until(lambda: status(port).get("jobs_settled", 0) >= 12, timeout=40, interval=0.2, what="12 jobs settled")
     snap = status(port)
     stats = dev_stats(server)
@@ -84,9 +84,8 @@ def test_max_rps_holds_the_daemons_request_rate_under_the_cap(servers, daemons):
     """--max-rps 4 with a backlog of 10 ms jobs: over a window of a dozen settled jobs, the server counts
     no more than 4 requests/s plus the bucket (4)."""
     server = servers()
-    port = free_port()
     bulk(server, "pc-cap", [{"do": "sleep", "secs": 0.01}] * 100)
-    daemons(server, "pc-cap", procs=2, args=["--max-rps", "4", "--health-port", str(port)]).wait_ready()
+    port = daemons(server, "pc-cap", procs=2, args=["--max-rps", "4", "--health-port", "0"]).wait_ready().health_port
     wait_until(lambda: status(port).get("jobs_settled", 0) >= 2, timeout=30, interval=0.1, what="jobs settling")
     start, sent0, settled0 = time.monotonic(), dev_stats(server)["requests"], status(port)["jobs_settled"]
     wait_until(lambda: status(port)["jobs_settled"] >= settled0 + 12, timeout=30, interval=0.1,

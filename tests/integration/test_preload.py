@@ -7,7 +7,7 @@ import signal
 
 import psutil
 import pytest
-from conftest import free_port, wait_for_status, wait_until
+from conftest import wait_for_status, wait_until
 from support.intake_helpers import status as status_of
 
 from supervisor import exitcodes
@@ -90,12 +90,12 @@ def test_a_reload_under_preload_imports_changed_code_through_a_new_forkserver(de
 
 @pytest.mark.timeout(90)
 def test_the_loop_keeps_turning_while_the_forkserver_imports_a_slow_model(dev_server, daemon_factory, tmp_path):
-    port = free_port()
     version = tmp_path / "version"
     version.write_text("one")
     d = daemon_factory("preload-slow", handler="tests.support.handlers_memory:handle", procs=1,
-                       args=["--preload", "--health-port", str(port)],
+                       args=["--preload", "--health-port", "0"],
                        env={"MEMORY_IMPORT_SECS": "5", "MEMORY_VERSION_FILE": str(version)})
+    port = d.health_port
     ages = []
 
     def up():
@@ -121,12 +121,12 @@ def test_the_loop_keeps_turning_while_the_forkserver_imports_a_slow_model(dev_se
 
 @pytest.mark.timeout(90)
 def test_two_reloads_in_a_row_leave_one_forkserver_and_never_stall_the_loop(dev_server, daemon_factory, tmp_path):
-    port = free_port()
     version = tmp_path / "version"
     version.write_text("one")
     d = daemon_factory("preload-twice", handler="tests.support.handlers_memory:handle", procs=1,
-                       args=["--preload", "--health-port", str(port)],
+                       args=["--preload", "--health-port", "0"],
                        env={"MEMORY_IMPORT_SECS": "3", "MEMORY_VERSION_FILE": str(version)}).wait_ready(60)
+    port = d.health_port
     version.write_text("two")
     d.signal(signal.SIGHUP)
     wait_until(lambda: len(forkservers(d)) == 2, timeout=10, what="the first reload's forkserver")

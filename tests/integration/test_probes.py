@@ -9,7 +9,7 @@ import signal
 
 import pytest
 import requests
-from conftest import Daemon, DevServer, free_port, metric, wait_until
+from conftest import Daemon, DevServer, metric, wait_until
 
 
 def answer(port: int, path: str) -> requests.Response:
@@ -21,9 +21,9 @@ def answer(port: int, path: str) -> requests.Response:
 def test_an_api_outage_fails_readiness_never_liveness(tmp_path, outage):
     db = str(tmp_path / "dev.db")
     server = DevServer(db).start()
-    port = free_port()
     d = Daemon(server, "q-outage", procs=1, worker_id=f"w-outage-{outage}",
-               args=["--health-port", str(port), "--ready-api-silence", "2", "--api-timeout", "1"]).start()
+               args=["--health-port", "0", "--ready-api-silence", "2", "--api-timeout", "1"]).start()
+    port = d.health_port
     try:
         d.wait_ready()
         wait_until(lambda: answer(port, "/readyz").status_code == 200, timeout=10, what="/readyz 200")

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 import requests
-from conftest import Daemon, free_port, wait_for_status, wait_until
+from conftest import Daemon, wait_for_status, wait_until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,10 +40,10 @@ def job_lines(d: Daemon, msg: str) -> list[dict]:
 
 
 def test_the_function_form_runs_with_the_sdk_context_and_creates_a_follow_up_job(dev_server, daemons):
-    port = free_port()
     job = dev_server.enqueue("sdk-fn", {"width": 3, "follow_up": "sdk-fn-next"})
     d = start(dev_server, "sdk-fn", "tests.support.sdk_app:handle_job", started=daemons,
-              args=["--share-api-key", "--health-port", str(port)], env={"SDK_APP_QUEUE": "elsewhere"})
+              args=["--share-api-key", "--health-port", "0"], env={"SDK_APP_QUEUE": "elsewhere"})
+    port = d.health_port
     (done,) = wait_for_status(dev_server, [job])
     result = done["result"]
     assert {k: result[k] for k in ("success", "width", "queue", "signal")} == {

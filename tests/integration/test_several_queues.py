@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Daemon, free_port, metric, parse_ts, wait_for_status, wait_until
+from conftest import Daemon, metric, parse_ts, wait_for_status, wait_until
 from support.fake_http import ForwardingProxy
 from support.grpc_support import start_server
 
@@ -48,13 +48,13 @@ def transport_args(server, transport: str, proxy: RegisterRecorder) -> list[str]
 def test_two_queues_register_together_run_in_priority_order_and_are_counted_apart(server, transport):
     first = [server.enqueue(FIRST, {"do": "sleep", "secs": 0.05, "n": i}) for i in range(6)]
     second = [server.enqueue(SECOND, {"do": "sleep", "secs": 0.05, "n": i}) for i in range(4)]
-    port = free_port()
     worker_id = f"w-two-{transport}"
     with RegisterRecorder(server.url) as proxy:
         daemon = Daemon(server, f"{FIRST},{SECOND}", procs=1, worker_id=worker_id,
-                        args=["--health-port", str(port), *transport_args(server, transport, proxy)])
+                        args=["--health-port", "0", *transport_args(server, transport, proxy)])
         try:
             daemon.start().wait_ready()
+            port = daemon.health_port
             run_and_check(server, daemon, transport, proxy, port, first, second)
         finally:
             daemon.stop()

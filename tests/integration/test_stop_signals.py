@@ -10,7 +10,6 @@ import psutil
 import pytest
 from conftest import (
     Daemon,
-    free_port,
     wait_for_status,
     wait_until,
 )
@@ -55,8 +54,8 @@ def test_children_ignore_a_terminals_sigint_and_finish_their_job(dev_server, dae
 
 @pytest.mark.timeout(60)
 def test_sigttou_lets_a_busy_child_finish_its_job_before_leaving(dev_server, stopped):
-    port = free_port()
-    d = Daemon(dev_server, "q-ttou", procs=2, worker_id="w-ttou", args=["--health-port", str(port)]).start()
+    d = Daemon(dev_server, "q-ttou", procs=2, worker_id="w-ttou", args=["--health-port", "0"]).start()
+    port = d.health_port
     stopped.append(d)
     d.wait_ready()
     ids = [dev_server.enqueue("q-ttou", {"do": "sleep", "secs": 3}) for _ in range(2)]

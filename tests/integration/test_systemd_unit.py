@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import sysconfig
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +35,8 @@ API_URL = "http://127.0.0.1:8787"  # the box's own loopback: no port is shared w
 SERVICE = "spooled-supervisor.service"
 HANDLER = "supervisor.demo_handlers:misbehave"
 HIDDEN = ("/root", "/home")  # ProtectHome=yes hides these from the units
+# What the box must see at the paths the host has them, for a clone and its venv under /tmp (private in the box)
+CHECKOUT_AND_VENV = (ROOT, sys.prefix, sysconfig.get_paths()["purelib"])
 
 
 def box_python() -> str | None:
@@ -81,7 +85,7 @@ def install(box: SystemdBox) -> None:
 
 @pytest.fixture(scope="module")
 def box():
-    sandbox = SystemdBox(f"{uuid.uuid4().hex[:8]}")
+    sandbox = SystemdBox(f"{uuid.uuid4().hex[:8]}", expose=CHECKOUT_AND_VENV)
     try:
         sandbox.start()
         install(sandbox)
@@ -329,3 +333,23 @@ def test_the_template_runs_two_instances_side_by_side(box):
     finally:
         for u in units:
             stop_clean(box, u)
+
+
+@pytest.mark.timeout(60)
+def test_a_box_sees_a_checkout_under_tmp_and_keeps_its_writes():
+    """A clone under /tmp works: the box's /tmp is private, but what it is told to expose is there, at the same
+    path, and what the box writes into it (a wheel build's files) never reaches the host."""
+    clone = Path(tempfile.mkdtemp(prefix="spooled-clone-", dir="/tmp"))
+    try:
+        (clone / "marker").write_text("from the host\n")
+        inner = SystemdBox(uuid.uuid4().hex[:8], expose=[clone, clone / "marker"])
+        try:
+            inner.start()
+            assert inner.run("cat", str(clone / "marker")).stdout == "from the host\n"
+            inner.run("touch", str(clone / "built-inside"))
+            assert inner.run("ls", "/tmp").stdout.split() == [clone.name]  # nothing else of the host's /tmp
+        finally:
+            inner.stop()
+        assert sorted(p.name for p in clone.iterdir()) == ["marker"]
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)

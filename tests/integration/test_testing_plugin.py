@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
@@ -193,3 +194,26 @@ def test_run_jobs_and_enqueue_carry_a_trace_context(spooled_dev_server):
     assert spooled_dev_server.job(jid)["payload"]["_spooled_trace"] == {"traceparent": parent}
     with pytest.raises(ValueError, match="object payload"):
         spooled_dev_server.enqueue("traced", "text", traceparent=parent)
+
+
+@pytest.mark.timeout(60)
+def test_the_readmes_handler_runs_as_written(dev_server, tmp_path):
+    """README's handler file and command, literally (the key and URL pointed at the dev server)."""
+    readme = (ROOT / "README.md").read_text().split("## A handler", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+    (command,) = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    path = code.splitlines()[0].removeprefix("# ")
+    (tmp_path / path).parent.mkdir(parents=True)
+    (tmp_path / path).parent.joinpath("__init__.py").write_text("")
+    (tmp_path / path).write_text(code)
+    words = command.strip().splitlines()[-1].split()
+    assert words[0].startswith("SPOOLED_API_KEY=") and words[1] == "spooled-supervisor", command
+    queue = words[words.index("--queue") + 1]
+    job = dev_server.enqueue(queue, {"width": 640, "height": 480})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"SPOOLED_API_KEY": dev_server.api_key}
+    script = str(Path(sys.executable).parent / words[1])
+    args = [*words[2:], "--procs", "1", "--api-url", dev_server.url, "--until-empty", "--poll-interval", "0.2"]
+    run = subprocess.run([script, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=45)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert dev_server.job(job)["result"] == {"width": 320, "height": 240}
+    assert '"msg":"resizing"' in run.stderr and '"width":640' in run.stderr

@@ -3,11 +3,13 @@
 The machine's own systemd boots inside new PID, mount, UTS, IPC, network and cgroup namespaces. Its root is
 an overlay whose read-only lower layer is the host's `/` (so this checkout and its venv are visible at the
 same paths) and whose upper layer is a tmpfs (so files written inside vanish with the box); `/run`, `/tmp`
-and `/dev` are private; the network is loopback only; it gets its own cgroup2 subtree. Needs root,
+and `/dev` are private, except the host directories under `/tmp` passed as `expose` (a checkout or venv
+cloned there), each seen at its own path through an overlay of its own (writes inside stay in the box);
+the network is loopback only; it gets its own cgroup2 subtree. Needs root,
 overlayfs, a cgroup2 hierarchy and util-linux's unshare/nsenter/setpriv; `SystemdBox.unavailable()` says
 in one line why it cannot run here.
 
-    box = SystemdBox("name")   # unique per concurrent box
+    box = SystemdBox("name")   # unique per concurrent box; SystemdBox("name", expose=["/tmp/clone"])
     box.start()                # returns once `systemctl is-system-running` answers running (or degraded)
     box.run("systemctl", "start", "x.service")
     box.write("/etc/systemd/system/x.service", text)
@@ -21,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 SYSTEMD = Path("/lib/systemd/systemd")
@@ -48,6 +51,11 @@ mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm"
 touch "$R/dev/console"; mount --bind "$D/console" "$R/dev/console"
 mount -t tmpfs -o mode=755,nosuid,nodev tmpfs "$R/run"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/tmp"
+shift; i=0
+for P in "$@"; do  # host directories under /tmp the box must see (a checkout, a venv): overlays, writes stay here
+    i=$((i+1)); mkdir -p "$S/expose$i/upper" "$S/expose$i/work" "$R$P"
+    mount -t overlay overlay -o "lowerdir=$P,upperdir=$S/expose$i/upper,workdir=$S/expose$i/work" "$R$P"
+done
 mkdir -p "$R/etc/systemd/system"
 printf '[Unit]\nDescription=test box\nRequires=sysinit.target\nAfter=sysinit.target\n' \
     > "$R/etc/systemd/system/testbox.target"
@@ -72,11 +80,20 @@ def cgroup2_root() -> Path | None:
     return None
 
 
+def exposed(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """The outermost of `paths` that lie under /tmp (the box's /tmp is private; all else is the host's), real
+    paths, each once."""
+    real = sorted({os.path.realpath(p) for p in paths})
+    under_tmp = [p for p in real if p.startswith("/tmp/")]
+    return [p for p in under_tmp if not any(p != q and p.startswith(q + "/") for q in under_tmp)]
+
+
 class SystemdBox:
     """One booted systemd in private namespaces; `run` executes commands inside it as root."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, expose: Iterable[str | os.PathLike] = ()):
         self.name = name
+        self.expose = exposed(expose)
         self.dir = Path(f"/tmp/spooled-testbox-{name}")
         root = cgroup2_root()
         self.cgroup = root / f"spooled-testbox-{name}" if root else None
@@ -117,8 +134,8 @@ class SystemdBox:
         # The launcher moves itself into the box's cgroup, then becomes unshare; systemd is its only child.
         self.launcher = subprocess.Popen(
             ["bash", "-c", 'echo $$ > "$1/cgroup.procs" && exec unshare --pid --fork --kill-child --mount --uts '
-             '--ipc --net --cgroup --propagation private bash "$2/inner.sh" "$2"', "launcher", str(self.cgroup),
-             str(self.dir)],
+             '--ipc --net --cgroup --propagation private bash "$2/inner.sh" "${@:2}"', "launcher", str(self.cgroup),
+             str(self.dir), *self.expose],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout

@@ -46,6 +46,7 @@ BAD_VALUES = {
     "SPOOLED_K8S_DELETION_COST": ("maybe", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_LOG_FORMAT": ("xml", "auto, json or text"),
     "SPOOLED_LOG_LEVEL": ("LOUD", "DEBUG, INFO, WARNING or ERROR"),
+    "SPOOLED_CHILD_LOGGING": ("root", "daemon or module"),
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
     "SPOOLED_MAX_RPS": ("0", "above 0"),
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
@@ -161,7 +162,7 @@ def test_several_queues_in_priority_order():
 
 def test_prefetch_max_rps_transport_values():
     env = {**BASE, "SPOOLED_PREFETCH": "0", "SPOOLED_MAX_RPS": "12.5", "SPOOLED_TRANSPORT": "GRPC",
-           "SPOOLED_GRPC_URL": "[::1]:50051"}
+           "SPOOLED_GRPC_URL": "[::1]:50051", "SPOOLED_API_URL": "http://[::1]:8787"}
     cfg = load_config([], env)
     assert (cfg.prefetch, cfg.max_rps, cfg.transport, cfg.grpc_url) == (0, 12.5, "grpc", "[::1]:50051")
     cfg = load_config(["--prefetch", "AUTO", "--prefetch", "1000"], BASE)
@@ -222,3 +223,21 @@ def test_real_cli_exits_2_with_one_line_on_stderr(argv, env, first):
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(first), out.stderr
     assert KEY not in out.stderr
+
+
+@pytest.mark.parametrize("given, missing", [({"SPOOLED_GRPC_URL": "127.0.0.1:50051"}, "--api-url"),
+                                            (["--grpc-url", "127.0.0.1:50051"], "--api-url"),
+                                            ({"SPOOLED_API_URL": "http://127.0.0.1:8787"}, "--grpc-url")])
+def test_grpc_with_one_endpoint_named_exits_2_asking_for_the_other(given, missing):
+    """The key goes only to hosts the operator named, or to Spooled Cloud when nothing was named."""
+    pytest.importorskip("grpc")
+    argv = ["--transport", "grpc", *(given if isinstance(given, list) else [])]
+    env = {**BASE, **(given if isinstance(given, dict) else {})}
+    text = one_line_error(argv, env)
+    assert missing in text and "Spooled Cloud" in text
+    both = load_config(["--transport", "grpc"], {**env, "SPOOLED_API_URL": "http://127.0.0.1:8787",
+                                                 "SPOOLED_GRPC_URL": "127.0.0.1:50051"})
+    assert (both.api_url_source, both.grpc_url) == ("SPOOLED_API_URL", "127.0.0.1:50051")
+    neither = load_config(["--transport", "grpc"], BASE)  # Spooled Cloud for both
+    assert (neither.api_url_source, neither.api_url, neither.grpc_url) == (
+        "default", "https://api.spooled.cloud", "grpc.spooled.cloud:443")

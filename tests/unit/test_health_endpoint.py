@@ -172,3 +172,17 @@ def test_status_command_unreachable_daemon_exits_1():
     assert out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "error" in lines[0]
+
+
+def test_status_table_names_every_queue_and_every_slot():
+    from supervisor.commands.status import render
+
+    text = render({"worker_id": "w", "queue": "emails", "procs": 2, "busy": 1,
+                   "queues": {"emails": {"inflight": 1}, "reports": {"inflight": 0}},
+                   "children": [{"slot": 0, "pid": 5, "state": "busy", "job_id": "j"}],
+                   "failing": [{"slot": 1, "failures": 3, "last_error": "ImportError: no\nTraceback ...",
+                                "retry_in_secs": 4.0}]})
+    assert "queues   emails (1 in flight), reports" in text
+    assert [line.split()[:3] for line in text.splitlines() if line[:1].isdigit()] == [["0", "5", "busy"],
+                                                                                      ["1", "-", "failing"]]
+    assert "slot 1 failing to start (3 in a row, retries in 4.0s): ImportError: no" in text

@@ -15,7 +15,7 @@ from supervisor.parent.arbiter import PUBLISH_EVERY
 STATUS_KEYS = ["worker_id", "queue", "pid", "version", "registered", "draining", "status", "phase", "loop_age_secs",
                "api_age_secs", "api_silence_secs", "children_down_secs", "procs", "busy", "inflight", "reserved",
                "held", "queues", "requests_sent", "jobs_settled", "requests_per_job", "rate_limit_rps",
-               "rate_limited_answers", "claim_rtt_ms", "reserve_wait_ms", "memory", "wake", "children"]
+               "rate_limited_answers", "claim_rtt_ms", "reserve_wait_ms", "memory", "wake", "children", "failing"]
 CHILD_KEYS = ["slot", "pid", "state", "job_id", "job_runtime_secs", "rss_bytes", "jobs_done", "restarts",
               "memory_bytes", "subprocesses", "memory_kind"]
 
@@ -103,3 +103,12 @@ def test_a_dead_child_shows_at_the_end_of_the_turn_that_reaped_it(rig):
     rig.arb.publish_if_due(T0 + 0.01)
     snap = rig.arb.snapshot()
     assert snap["inflight"] == 1 and all(c["job_id"] != "a" for c in snap["children"])
+
+
+def test_a_failing_slot_is_published_with_its_error_and_when_it_retries():
+    pub = Published({"children": None, "failing": [{"slot": 1, "failures": 2, "last_error": "ImportError: x",
+                                                    "retry_at": 14.5}]}, (), loop_at=10.0, started_at=1.0,
+                    api_ok_at=None, children_up_at=9.0)
+    assert pub.status(12.0)["failing"] == [{"slot": 1, "failures": 2, "last_error": "ImportError: x",
+                                            "retry_in_secs": 2.5}]
+    assert pub.status(20.0)["failing"][0]["retry_in_secs"] == 0.0  # due: it is being tried

@@ -45,3 +45,13 @@ def test_the_docs_show_the_units_reload_watchdog_and_stop_settings():
         assert value and f"{key}={value.group(1)}" in docs, key
     reload = re.search(r"^ExecReload=\S+ (.*)$", unit, re.M)
     assert reload and f"`python {reload.group(1)}`" in docs
+
+
+def test_a_wheel_is_installed_from_where_it_was_built():
+    """`pip wheel -w DIR` then `pip install ./DIR/x.whl`: the install names the directory the build wrote to."""
+    docs = (ROOT / "docs" / "systemd.md").read_text()
+    built = re.findall(r"pip wheel [^\n]*?-w (\S+)", docs)
+    wheels = [target for target in installs(docs) if target.endswith(".whl")]
+    assert built and wheels
+    for wheel in wheels:
+        assert any(Path(wheel).parent == Path(out) for out in built), (wheel, built)
