@@ -106,7 +106,8 @@ def health_ready(app, req):
 
 
 def get_faults(app, req):
-    return 200, app.faults.snapshot(), None
+    """GET /_dev/faults: the faults the caller's organization's requests get."""
+    return 200, app.faults.snapshot(req.org), None
 
 
 def get_stats(app, req):
@@ -119,7 +120,7 @@ def set_faults(app, req):
     if not isinstance(data, dict):
         raise validation("body", "must be a JSON object", "invalid_type")
     try:
-        return 200, app.faults.update(data), None
+        return 200, app.faults.update(data, req.org), None  # the caller's organization alone
     except ValueError as e:
         raise validation(str(e).split()[0], str(e), "range") from None
 
@@ -225,7 +226,7 @@ def sse_events(app, req):
     `queue` must be a valid queue name (400), `events` a comma-separated list of event names to keep."""
     if not app.cfg.events:
         raise HttpError(404, "NOT_FOUND", "No route matches this path")
-    if app.events.refusing():
+    if app.events.refusing(req.org):
         raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
     queue = req.query.get("queue", [None])[0]
     if queue is not None:
@@ -236,16 +237,18 @@ def sse_events(app, req):
 
 
 def event_streams(app, req):
-    """GET /_dev/events: how many event streams are open, and how many events were published."""
-    return 200, {"streams": app.events.count(), "published": app.events.published}, None
+    """GET /_dev/events: how many of the caller's organization's event streams are open, and how many events
+    were published to it."""
+    return 200, {"streams": app.events.count(req.org), "published": app.events.published_to(req.org)}, None
 
 
 def drop_event_streams(app, req):
-    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end every open event stream (clients see
-    their connection close), and answer new ones 503 for `refuse_secs` seconds (default 0)."""
+    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end the caller's organization's open event
+    streams (clients see their connection close), and answer its new ones 503 for `refuse_secs` seconds
+    (default 0). Other organizations' streams are untouched."""
     b = body(req, optional=True)
     refuse = b.int("refuse_secs", False, 0, 3600, default=0)
-    return 200, {"dropped": app.events.drop_all(refuse or 0)}, None
+    return 200, {"dropped": app.events.drop_all(req.org, refuse or 0)}, None
 
 
 def claim(app, req):
