@@ -26,7 +26,7 @@ class RequestLog:
     """A bounded, thread-safe record of the /api/v1 requests answered."""
 
     def __init__(self, size: int = 10_000):
-        self._entries: collections.deque[dict] = collections.deque(maxlen=size)
+        self._entries: collections.deque[tuple[str, dict]] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
     def record(self, method: str, path: str, status: int, raw_body: bytes | None, received: float,
