@@ -26,7 +26,7 @@ import traceback
 import orjson
 
 from supervisor import exactjson
-from supervisor.child import group, wire
+from supervisor.child import dumpable, group, wire
 from supervisor.child.handler import (
     KEY_VARIABLE,
     AsyncJobContext,
@@ -49,6 +49,7 @@ class JobStopped(BaseException):
 
 
 _running: JobContext | AsyncJobContext | None = None  # the job this child runs now (SIGTERM sets its signal)
+_shared_key = ""  # the API key the parent shared (--share-api-key), scrubbed from every error text
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -101,18 +102,18 @@ def die_with_parent(daemon_pid: int) -> None:
 
 def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
     """`ExceptionType: message` followed by as much of the traceback's tail as fits in `limit`; a shared
-    API key is replaced by *** wherever it appears."""
-    return _scrub(_format_error(exc, limit))
+    API key is replaced by *** wherever it appears, before anything is cut."""
+    return _format_error(exc, limit)
 
 
 def _scrub(text: str) -> str:
-    key = os.environ.get(KEY_VARIABLE, "")
-    if len(key) < 10:
-        return text
-    from supervisor.ops.logs import secret_forms
+    """`text` with every form of the shared key (the one given at start, or the one in the environment now)
+    replaced by ***; call it before cutting a text, never after."""
+    from supervisor.client.calls import scrub_secret
 
-    for form in secret_forms(key):
-        text = text.replace(form, "***")
+    for key in {_shared_key, os.environ.get(KEY_VARIABLE, "")}:
+        if len(key) >= 10:
+            text = scrub_secret(text, key)
     return text
 
 
@@ -122,15 +123,16 @@ def boot_error_text(exc: BaseException) -> str:
         return _scrub(str(exc))
     if isinstance(exc, HandlerImportError) and exc.hint:
         cause = exc.__cause__
-        return _scrub(exc.hint + ("\n" + _format_error(cause, 4000) if cause is not None else ""))
+        return _scrub(exc.hint) + ("\n" + _format_error(cause, 4000) if cause is not None else "")
     return format_error(exc, 4000)
 
 
 def _format_error(exc: BaseException, limit: int) -> str:
-    head = f"{type(exc).__name__}: {exc}".strip()
+    """The error's line and traceback tail in `limit` characters, scrubbed whole before either is cut."""
+    head = _scrub(f"{type(exc).__name__}: {exc}".strip())
     if len(head) >= limit:
         return head[: limit - 3] + "..."
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    tb = _scrub("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
     room = limit - len(head) - 1
     if room < 40:
         return head
@@ -160,7 +162,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int) -> dict:
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
-        error = f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"
+        error = _scrub(f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})")
         return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
         error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
@@ -173,7 +175,9 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
                parent_pid: int, group_grace: float = 3.0, env: dict[str, str] | None = None) -> None:
     """Entry point run by the forkserver for each child; `env` is added to its environment before the
     handler is imported (the API key and URL, when the operator shares them)."""
-    leader = group.lead_own_group()  # first: until then the parent signals this pid alone
+    global _shared_key
+    dumpable.set_dumpable(True)  # a sealed forkserver's children inherit non-dumpable: they hold no key
+    leader = group.lead_own_group()  # until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the handler is imported: die at once
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
@@ -183,6 +187,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
     os.environ.update(env or {})
+    _shared_key = (env or {}).get(KEY_VARIABLE, "")
     try:
         handler = load_handler(handler_spec)
     except BaseException as exc:

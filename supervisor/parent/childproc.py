@@ -26,7 +26,7 @@ from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
 from supervisor.config import Config
-from supervisor.ops.logs import log_event
+from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.procmem import TreeMemory
 
 log = logging.getLogger("supervisor")
@@ -345,7 +345,7 @@ def describe_pid(pid: int) -> str:
         text = f"{pid} {proc.name()}: {' '.join(proc.cmdline())}"
     except psutil.Error:
         return str(pid)
-    return text[:200]
+    return scrub(text)[:200]  # a command line may carry the key: scrubbed before it is cut
 
 
 def death_cause(exitcode: int | None, oom: bool | None = None, killed_by_daemon: bool = False) -> str:
