@@ -50,6 +50,9 @@ class JobStopped(BaseException):
 
 _running: JobContext | AsyncJobContext | None = None  # the job this child runs now (SIGTERM sets its signal)
 _shared_key = ""  # the API key the parent shared (--share-api-key), scrubbed from every error text
+_jobs_run = 0  # jobs this child has started (numbers each job's mark, supervisor.child.group.JobProcesses)
+_not_mine: frozenset[int] = frozenset()  # the keeper: never one of a job's processes
+_group_grace = 3.0
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -175,7 +178,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
                parent_pid: int, group_grace: float = 3.0, env: dict[str, str] | None = None) -> None:
     """Entry point run by the forkserver for each child; `env` is added to its environment before the
     handler is imported (the API key and URL, when the operator shares them)."""
-    global _shared_key
+    global _shared_key, _not_mine, _group_grace
     dumpable.set_dumpable(True)  # a sealed forkserver's children inherit non-dumpable: they hold no key
     leader = group.lead_own_group()  # until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -183,6 +186,8 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
     keeper = group.start_keeper(slot, group_grace) if leader else None
+    _not_mine, _group_grace = frozenset({keeper} if keeper else ()), group_grace
+    os.environ[group.JOB_MARK_ENV] = f"{os.getpid()}.0"  # what the start-up execs is marked as the child's
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
@@ -249,6 +254,9 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
     """Run `job`, read what the parent sent meanwhile, and start the next held job at once, naming it in
     the `done` frame. Returns that job (None if none is held) and whether to go on."""
     set_title(f"{title} busy {job['id']}")
+    global _jobs_run
+    _jobs_run += 1
+    started = group.JobProcesses(_socket_inode(sock), _jobs_run)
     reply = run_job(handler, job, worker_id, max_result_bytes)
     try:
         frames = inbox.arrived()
@@ -266,7 +274,17 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
         set_title(f"{title} busy {following['id']}")
     else:
         set_title(f"{title} idle")
-    return following, _write(sock, [*out, reply]) and not stop
+    going = _write(sock, [*out, reply]) and not stop
+    # Nothing a job started outlives it: what it left running is stopped before the next job begins.
+    group.stop_processes(started.started(_not_mine), _group_grace)
+    return following, going
+
+
+def _socket_inode(sock: socket.socket) -> int | None:
+    try:
+        return os.fstat(sock.fileno()).st_ino
+    except OSError:
+        return None
 
 
 def next_held(held: dict[str, dict], out: list) -> dict | None:

@@ -80,6 +80,7 @@ def main(argv: list[str]) -> int:
     try:
         return arbiter.run()
     finally:
+        orphans.kill_forkserver_strays(grace=cfg.kill_grace)
         orphans.kill_adopted(grace=cfg.kill_grace)
         hooks.stop()
 

@@ -334,8 +334,16 @@ def _split_keeper(child: Child, pids: list[int]) -> tuple[list[str], list[str]]:
     others: list[str] = []
     for pid in pids:
         text = describe_pid(pid)
+        if gone(text, pid):
+            continue  # gone, or exiting, since the group was listed (a keeper that just emptied it, say)
         (keeper if pid == child.keeper_pid or KEEPER_TITLE in text else others).append(text)
     return keeper, others
+
+
+def gone(text: str, pid: int) -> bool:
+    """Whether `describe_pid`'s `text` says the process is gone or exiting (no command line left: a
+    process whose memory is already released shows none, keepers on their way out among them)."""
+    return text == str(pid) or text.endswith(": ")
 
 
 def describe_pid(pid: int) -> str:
