@@ -41,6 +41,13 @@ GRPC_EXTRA_HINT = "pip install 'spooled-supervisor[grpc]'"
 PATH_MAX = 4096  # the longest path Linux accepts; error lines show paths up to this whole
 _WORKER_ID_RX = re.compile(r"[^A-Za-z0-9._-]")
 _QUEUE_RX = re.compile(r"^[^\W.-][\w.-]{0,99}$")
+MAX_WAIT = 86400  # seconds: the longest drain, readiness silence; far below what a wait on the loop accepts
+MAX_GRACE = 3600  # seconds between SIGTERM and SIGKILL
+MAX_COUNT = 1_000_000_000
+MAX_MIB = 16 * 1024 * 1024  # 16 TiB
+MAX_RESULT = 1 << 30
+MAX_RPS = 1_000_000
+MAX_KEY_FILE_BYTES = 65536  # a key file longer than this is not a key
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -132,7 +139,7 @@ def whole(low: int, high: int | None = None) -> Callable[[str], int]:
 
 def number(low: float, high: float | None = None, above: bool = False) -> Callable[[str], float]:
     if above:
-        allowed = f"must be a number above {low:g}"
+        allowed = f"must be a number above {low:g}" + (f" and at most {high:g}" if high is not None else "")
     else:
         allowed = f"must be between {low:g} and {high:g}" if high is not None else \
             f"must be a number, {low:g} or more"
@@ -182,10 +189,10 @@ def parse_memory_level(text: str) -> tuple[float, bool]:
     try:
         if raw.endswith("%"):
             return number(1, 100)(raw[:-1]), True
-        return float(whole(1)(raw)), False
+        return float(whole(1, MAX_MIB)(raw)), False
     except ValueError:
-        raise ValueError("must be a percent of the memory limit between 1% and 100%, or a whole number of MiB") \
-            from None
+        raise ValueError("must be a percent of the memory limit between 1% and 100%, or a whole number of MiB "
+                         f"up to {MAX_MIB}") from None
 
 
 def parse_prefetch(text: str) -> int | None:
@@ -201,9 +208,9 @@ def parse_max_rps(text: str) -> float | None:
     if text.strip().lower() == "off":
         return None
     try:
-        return number(0, above=True)(text)
+        return number(0, MAX_RPS, above=True)(text)
     except ValueError:
-        raise ValueError("must be off or a number of requests per second above 0") from None
+        raise ValueError(f"must be off or a number of requests per second above 0 and at most {MAX_RPS}") from None
 
 
 def parse_api_url(text: str) -> str:
@@ -273,16 +280,16 @@ OPTIONS: tuple[Option, ...] = (
            "default: the hostname, e.g. the pod name", "ID"),
     Option("--lease", "SPOOLED_LEASE", whole(5, 3600), 30, "job lease in seconds, 5-3600, renewed every third of "
            "it; default 30", "S"),
-    Option("--drain-timeout", "SPOOLED_DRAIN_TIMEOUT", number(0), 25.0, "seconds to let in-flight jobs finish "
-           "after SIGTERM; default 25", "S"),
+    Option("--drain-timeout", "SPOOLED_DRAIN_TIMEOUT", number(0, MAX_WAIT), 25.0, "seconds to let in-flight jobs "
+           f"finish after SIGTERM, 0-{MAX_WAIT}; default 25", "S"),
     Option("--poll-interval", "SPOOLED_POLL_INTERVAL", number(0.05, 300), 5.0, "longest wait between claims on "
            "an empty queue, 0.05-300; back-off starts at 50 ms; default 5", "S"),
     Option("--wake", "SPOOLED_WAKE", choice("events", "poll"), "events", "how an idle daemon learns of new "
            "jobs: events = the API's events stream, polling an empty queue only every 15 s (falls back to poll "
            "where the server has no stream); poll = claim on the --poll-interval back-off; default events", "HOW"),
-    Option("--max-jobs-per-child", "SPOOLED_MAX_JOBS_PER_CHILD", whole(0), 0, "replace a child after about this "
-           "many jobs, with up to 10%% jitter; 0 = never", "N"),
-    Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0), 0, "cap in MiB on a child's "
+    Option("--max-jobs-per-child", "SPOOLED_MAX_JOBS_PER_CHILD", whole(0, MAX_COUNT), 0, "replace a child after "
+           f"about this many jobs, with up to 10%% jitter, 0-{MAX_COUNT}; 0 = never", "N"),
+    Option("--max-memory-per-child", "SPOOLED_MAX_MEMORY_PER_CHILD", whole(0, MAX_MIB), 0, "cap in MiB on a child's "
            "process tree (the child and every process it started; PSS, else RSS): over it for 3 samples during a "
            "job, the job fails and the tree is stopped; over it after a job, the child is replaced; 0 = no cap", "MB"),
     Option("--preload", "SPOOLED_PRELOAD", parse_bool, False, "import the handler's module once, before any child "
@@ -299,10 +306,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--child-exit-grace", "SPOOLED_CHILD_EXIT_GRACE", number(0, 300), 2.0, "seconds a child leaving gracefully "
            "(recycle, reload, drain, scale-down) has to run its stopped hooks, atexit handlers and logging "
            "flush, 0-300; default 2", "S"),
-    Option("--kill-grace", "SPOOLED_KILL_GRACE", number(0), 3.0, "seconds between SIGTERM and SIGKILL when "
-           "stopping a child; default 3", "S"),
-    Option("--max-result-bytes", "SPOOLED_MAX_RESULT_BYTES", whole(1024), 1_900_000, "largest JSON result sent "
-           "to the API; larger fails the job; at least 1024", "N"),
+    Option("--kill-grace", "SPOOLED_KILL_GRACE", number(0, MAX_GRACE), 3.0, "seconds between SIGTERM and SIGKILL "
+           f"when stopping a child, 0-{MAX_GRACE}; default 3", "S"),
+    Option("--max-result-bytes", "SPOOLED_MAX_RESULT_BYTES", whole(1024, MAX_RESULT), 1_900_000, "largest JSON "
+           f"result sent to the API; larger fails the job; 1024-{MAX_RESULT}", "N"),
     Option("--api-timeout", "SPOOLED_API_TIMEOUT", number(0.5, 120), 10.0, "seconds to wait for one API "
            "answer, 0.5-120; default 10", "S"),
     Option("--ca-bundle", "SPOOLED_CA_BUNDLE", parse_text, None, "CA bundle for a private CA; TLS verification "
@@ -313,8 +320,9 @@ OPTIONS: tuple[Option, ...] = (
            "and /status on this port, 0-65535; off by default", "PORT"),
     Option("--health-host", "SPOOLED_HEALTH_HOST", parse_text, "127.0.0.1", "address for the health port; "
            "default 127.0.0.1, use 0.0.0.0 in a pod", "ADDR"),
-    Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, above=True), 60.0, "/readyz fails once "
-           "the API has not answered for this many seconds (/healthz never looks at the API); default 60", "S"),
+    Option("--ready-api-silence", "SPOOLED_READY_API_SILENCE", number(0, MAX_WAIT, above=True), 60.0, "/readyz fails "
+           f"once the API has not answered for this many seconds, up to {MAX_WAIT} (/healthz never looks at the "
+           "API); default 60", "S"),
     Option("--k8s-deletion-cost", "SPOOLED_K8S_DELETION_COST", parse_bool, False, "keep this pod's "
            "pod-deletion-cost annotation current so scale-downs remove idle pods first (needs the deletion-cost "
            "RBAC component); the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
@@ -384,6 +392,8 @@ def resolve(opt: Option, args: argparse.Namespace, environ: Mapping[str, str],
         raw, source = from_file[opt.dest]
     if raw is None:
         return opt.default, "default"
+    if "\x00" in raw:
+        raise ConfigError(f"{source} must not contain a NUL byte, got {_shown(raw)}")
     try:
         return opt.parse(raw), source
     except ValueError as exc:
@@ -411,6 +421,9 @@ def read_config_file(path: str, source: str = "--config") -> dict[str, tuple[str
         raise ConfigError(f"cannot read {source} {shown}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{source} {shown} is not valid TOML: {_one_line(str(exc))}") from None
+    except ValueError:  # tomllib's int() of thousands of digits
+        raise ConfigError(f"{source} {shown} holds a number too long to read (thousands of digits): no setting "
+                          "takes one") from None
     by_key = {opt.flag[2:]: opt for opt in OPTIONS}
     settings: dict[str, tuple[str, str]] = {}
     for key, value in table.items():
@@ -430,6 +443,8 @@ def _file_text(value: Any, source: str) -> str:
     """A TOML value as the text a flag would carry: true/false, numbers as written, a list of names as a,b."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and abs(value) >= 10**18:
+        raise ConfigError(f"{source} must be a number of at most 18 digits, got one of {len(str(abs(value)))} digits")
     if isinstance(value, (int, float, str)):
         return str(value)
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
@@ -459,26 +474,79 @@ def _bash_byte(b: int) -> str:
 
 
 def read_api_key(args: argparse.Namespace, environ: Mapping[str, str], file_source: str = "--api-key-file") -> Secret:
-    """The key from --api-key-file / SPOOLED_API_KEY_FILE, else SPOOLED_API_KEY, else the systemd credential."""
+    """The key from --api-key-file / SPOOLED_API_KEY_FILE, else SPOOLED_API_KEY, else the systemd credential.
+    Whatever the source, a key that is not printable ASCII (a file in UTF-16 or not UTF-8, a character no
+    HTTP header can carry) raises a ConfigError naming the source, never showing the key."""
     if args.api_key is not None:
         raise ConfigError("--api-key is not accepted (it would show in ps and shell history): "
                           "set SPOOLED_API_KEY or use --api-key-file")
+    credential = Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME if environ.get("CREDENTIALS_DIRECTORY") \
+        else None
     if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            shown = _shown(args.api_key_file, PATH_MAX)
-            raise ConfigError(f"cannot read {file_source} {shown}: {exc.strerror}") from None
+        source = f"{file_source} {_shown(args.api_key_file, PATH_MAX)}"
+        key = _key_text(_read_key_file(args.api_key_file, source), source)
     elif environ.get("SPOOLED_API_KEY"):
-        key = environ["SPOOLED_API_KEY"].strip()
-    elif environ.get("CREDENTIALS_DIRECTORY") and (Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME).is_file():
-        key = (Path(environ["CREDENTIALS_DIRECTORY"]) / CREDENTIAL_NAME).read_text().strip()
+        source = "SPOOLED_API_KEY"
+        raw = environ["SPOOLED_API_KEY"]
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the environment held that are not UTF-8 (os.environ's surrogates)
+            raise ConfigError("SPOOLED_API_KEY is not UTF-8 text: set it to the key as the dashboard shows it") \
+                from None
+        key = _key_text(raw, source)
+    elif credential is not None and _is_file(credential):
+        source = f"the systemd credential {CREDENTIAL_NAME}"
+        key = _key_text(_read_key_file(str(credential), source), source)
     else:
         raise ConfigError("no API key: set SPOOLED_API_KEY, or pass --api-key-file PATH")
     if len(key) < 10 or any(c.isspace() for c in key):
-        raise ConfigError("the API key looks malformed (too short or contains whitespace): "
-                          "check SPOOLED_API_KEY / --api-key-file")
+        raise ConfigError(f"the API key from {source} looks malformed (too short or contains whitespace)")
     return Secret(key)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _read_key_file(path: str, source: str) -> str:
+    """A key file's text: at most MAX_KEY_FILE_BYTES of strict UTF-8 (a UTF-8 byte-order mark is dropped)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc.strerror}") from None
+    except ValueError:
+        raise ConfigError(f"cannot read {source}: the path holds a NUL byte") from None
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise ConfigError(f"{source} is longer than {MAX_KEY_FILE_BYTES} bytes: it does not hold an API key")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"{source} is UTF-16 text (it starts with a byte-order mark): write the key as plain "
+                          "ASCII, e.g. printf %s \"$KEY\" > FILE")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    if b"\x00" in data:
+        raise ConfigError(f"{source} holds NUL bytes (UTF-16 text without a byte-order mark?): write the key as "
+                          "plain ASCII")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source} is not UTF-8 text: byte {data[exc.start]:#04x} at offset {exc.start}; "
+                          "write the key as plain ASCII") from None
+
+
+def _key_text(text: str, source: str) -> str:
+    """The key from `text` (surrounding whitespace dropped); every character printable ASCII, as an HTTP
+    header and the API's keys require."""
+    key = text.strip()
+    for i, c in enumerate(key):
+        if not "\x21" <= c <= "\x7e" and not c.isspace():
+            what = "a NUL byte" if c == "\x00" else f"a character that is not printable ASCII (U+{ord(c):04X})"
+            raise ConfigError(f"the API key from {source} holds {what} at position {i}: API keys are printable "
+                              "ASCII")
+    return key
 
 
 def load_config(argv: list[str], environ: Mapping[str, str] | None = None) -> Config:

@@ -24,17 +24,22 @@ import tempfile
 from multiprocessing import forkserver
 from multiprocessing.process import BaseProcess
 
+from supervisor.child.dumpable import SEAL_ENV
 from supervisor.child.preload import PRELOAD_ENV, preload_order
 
 _servers: dict[int, forkserver.ForkServer] = {}  # generation -> its forkserver
 _current = 0  # the generation new children come from
 _marks: dict[int, str] = {}  # generation -> the directory where its forkserver marks its preload done
+_sealed = False  # forkservers make themselves non-dumpable (supervisor.child.dumpable)
 
 
-def start_forkserver(preload: str | None = None) -> None:
+def start_forkserver(preload: str | None = None, sealed: bool = False) -> None:
     """Start multiprocessing's forkserver now, while the parent is single-threaded and the key is out of its
     environment. With `preload` (a handler spec) it imports the handler's module before forking any child;
-    the parent itself never does."""
+    the parent itself never does. `sealed`: this and every later forkserver make themselves non-dumpable
+    first thing."""
+    global _sealed
+    _sealed = sealed
     _servers[0] = forkserver._forkserver
     _start(0, preload)
 
@@ -101,7 +106,10 @@ def _start(generation: int, preload: str | None) -> None:
     """Start the forkserver of `generation`; the preload order goes through the environment (spawned by
     exec, it inherits it), set with putenv only for the time of the start."""
     server = _servers[generation]
-    server.set_forkserver_preload(["supervisor.child.main"] + (["supervisor.child.preload"] if preload else []))
+    server.set_forkserver_preload(["supervisor.child.dumpable", "supervisor.child.main"]
+                                  + (["supervisor.child.preload"] if preload else []))
+    if _sealed:
+        os.putenv(SEAL_ENV, "1")
     if preload:
         mark = _marks[generation] = tempfile.mkdtemp(prefix="spooled-preload-")
         atexit.register(shutil.rmtree, mark, True)
@@ -109,5 +117,6 @@ def _start(generation: int, preload: str | None) -> None:
     try:
         server.ensure_running()
     finally:
+        os.unsetenv(SEAL_ENV)
         if preload:
             os.unsetenv(PRELOAD_ENV)

@@ -62,6 +62,8 @@ def start_keeper(slot: int, grace: float) -> int | None:
     if os.getpgid(0) != child_pid:
         return None
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    _title(f"{KEEPER_TITLE} {slot}")  # the keeper is born with its title: no moment where the parent could
+    # take it for a handler's process (the child sets its own title again right after)
     try:
         pid = os.fork()
     except OSError:
@@ -77,16 +79,19 @@ def start_keeper(slot: int, grace: float) -> int | None:
     return None  # not reached
 
 
+def _title(text: str) -> None:
+    try:
+        import setproctitle
+
+        setproctitle.setproctitle(text)
+    except Exception:  # cosmetic but for telling the keeper apart
+        pass
+
+
 def _keep(child_pid: int, slot: int, grace: float) -> None:
     """The keeper's whole life: wait for the child to die, then empty the group."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU):
         signal.signal(sig, signal.SIG_IGN)
-    try:
-        import setproctitle
-
-        setproctitle.setproctitle(f"{KEEPER_TITLE} {slot}")
-    except Exception:  # cosmetic
-        pass
     _close_inherited_fds()  # never hold the child's socket or anything else open
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGUSR2)
@@ -134,5 +139,180 @@ def empty_group(pgid: int, grace: float, exclude: frozenset[int] = frozenset()) 
         time.sleep(POLL)
     try:
         os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+# -- what a job started --------------------------------------------------------------------------------
+JOB_MARK_ENV = "SPOOLED_SUPERVISOR_JOB"  # "<child pid>.<job number>" (0: the child's start-up), inherited on exec
+MAX_WINDOW = 4096  # pids allocated during a job beyond this: scan all of /proc instead
+STOP_WAIT = 0.2  # seconds the child waits for its job's processes to go before it hands the rest to a timer
+
+
+def _last_pid() -> int | None:
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max", "rb") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 1 << 22
+
+
+def process_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, start time in clock ticks since boot) of a process (not a thread); None if gone."""
+    return _stat(pid)
+
+
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgid, start time in clock ticks since boot) of a process (not a thread); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        with open(f"/proc/{pid}/status", "rb") as f:
+            tgid = next((line.split()[1] for line in f if line.startswith(b"Tgid:")), b"")
+    except OSError:
+        return None
+    if tgid != str(pid).encode():
+        return None  # a thread: its id is a pid too, and signalling it would signal its whole process
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _marked(pid: int, mark: bytes) -> bool:
+    """Whether the process's environment (as of its exec) carries JOB_MARK_ENV=`mark`."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return b"\x00" + JOB_MARK_ENV.encode() + b"=" + mark + b"\x00" in b"\x00" + f.read()
+    except OSError:
+        return False
+
+
+def holds_socket(pid: int, inode: int) -> bool:
+    """Whether the process holds the socket of that inode open (a fork keeps every descriptor)."""
+    target = f"socket:[{inode}]"
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") == target:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class JobProcesses:
+    """The processes one job starts, found when it ends, however they were detached: still below the child,
+    in its process group (`&`, nohup, a double fork), exec'd with the job's mark in their environment
+    (`setsid`, a new session), or forked holding the child's socket to the parent. Only pids allocated
+    while the job ran are looked at (the kernel's last pid before and after), so a job that starts
+    nothing costs two small reads."""
+
+    def __init__(self, socket_inode: int | None, number: int):
+        self.child = os.getpid()
+        self.inode = socket_inode
+        self.mark = f"{self.child}.{number}"
+        os.environ[JOB_MARK_ENV] = self.mark
+        self.first_pid = _last_pid()
+        self.since = _boot_ticks()
+
+    def started(self, exclude: frozenset[int] = frozenset()) -> list[int]:
+        """The live processes the job started (pids allocated since it began, started since, ours)."""
+        last = _last_pid()
+        if self.first_pid is None or last is None:
+            candidates = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        elif last == self.first_pid:
+            return []
+        else:
+            span = (last - self.first_pid) % _pid_max()
+            candidates = ([int(n) for n in os.listdir("/proc") if n.isdigit()] if span > MAX_WINDOW else
+                          [(self.first_pid + i) % _pid_max() for i in range(1, span + 1)])
+        found: dict[int, tuple[str, int, int, int]] = {}
+        for pid in candidates:
+            if pid in exclude or pid == self.child or pid <= 1:
+                continue
+            st = _stat(pid)
+            if st is not None and st[0] != "Z" and st[3] >= self.since:
+                found[pid] = st
+        ours = []
+        mark = self.mark.encode()
+        for pid, (_state, _ppid, pgid, _start) in found.items():
+            if pgid == self.child or self._below_child(pid, found) or _marked(pid, mark) or \
+                    (self.inode is not None and holds_socket(pid, self.inode)):
+                ours.append(pid)
+        return ours
+
+    def _below_child(self, pid: int, found: dict[int, tuple[str, int, int, int]]) -> bool:
+        seen = 0
+        while pid in found and seen < 64:
+            pid = found[pid][1]
+            seen += 1
+        return pid == self.child
+
+
+def _boot_ticks() -> int:
+    """Now, in the clock ticks since boot that /proc/<pid>/stat gives processes' start times in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def stop_processes(pids: list[int], grace: float, wait: float = STOP_WAIT) -> None:
+    """SIGTERM `pids` (and the groups they lead), wait up to `wait`, then leave a timer that SIGKILLs
+    whoever is left after `grace` (the caller goes on meanwhile)."""
+    if not pids:
+        return
+    starts = {pid: st[3] for pid in pids if (st := _stat(pid)) is not None}
+    for pid in starts:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + min(wait, grace)
+    while time.monotonic() < deadline:
+        if not _alive(starts):
+            return
+        time.sleep(0.01)
+    left = _alive(starts)
+    if not left:
+        return
+    if grace <= wait:
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        return
+    import threading
+
+    def kill_rest() -> None:
+        for pid in _alive(left):
+            _signal(pid, signal.SIGKILL)
+
+    timer = threading.Timer(grace - wait, kill_rest)
+    timer.daemon = True
+    timer.start()
+
+
+def _alive(starts: dict[int, int]) -> dict[int, int]:
+    """Those of `starts` (pid -> start time) still alive and still the same process."""
+    out = {}
+    for pid, start in starts.items():
+        st = _stat(pid)
+        if st is not None and st[0] != "Z" and st[3] == start:
+            out[pid] = start
+    return out
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        if os.getpgid(pid) == pid and pid != os.getpgid(0):
+            os.killpg(pid, sig)  # it leads a group of its own (setsid): what it started there goes too
+        else:
+            os.kill(pid, sig)
     except OSError:
         pass

@@ -29,7 +29,7 @@ from types import TracebackType
 import orjson
 
 from supervisor import exactjson
-from supervisor.child import group, lifecycle, logs, wire
+from supervisor.child import dumpable, group, lifecycle, logs, wire
 from supervisor.child.handler import (
     KEY_VARIABLE,
     AsyncJobContext,
@@ -53,6 +53,10 @@ class JobStopped(BaseException):
 
 _running: JobContext | AsyncJobContext | None = None  # the job this child runs now (SIGTERM sets its signal)
 _life = lifecycle.Life(None, None, lifecycle.DEFAULT_EXIT_GRACE)  # what wraps its jobs and exit (child.lifecycle)
+_shared_key = ""  # the API key the parent shared (--share-api-key), scrubbed from every error text
+_jobs_run = 0  # jobs this child has started (numbers each job's mark, supervisor.child.group.JobProcesses)
+_not_mine: frozenset[int] = frozenset()  # the keeper: never one of a job's processes
+_group_grace = 3.0
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -105,18 +109,18 @@ def die_with_parent(daemon_pid: int) -> None:
 
 def format_error(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
     """`ExceptionType: message` followed by as much of the traceback's tail as fits in `limit`; a shared
-    API key is replaced by *** wherever it appears."""
-    return _scrub(_format_error(exc, limit))
+    API key is replaced by *** wherever it appears, before anything is cut."""
+    return _format_error(exc, limit)
 
 
 def _scrub(text: str) -> str:
-    key = os.environ.get(KEY_VARIABLE, "")
-    if len(key) < 10:
-        return text
-    from supervisor.ops.logs import secret_forms
+    """`text` with every form of the shared key (the one given at start, or the one in the environment now)
+    replaced by ***; call it before cutting a text, never after."""
+    from supervisor.client.calls import scrub_secret
 
-    for form in secret_forms(key):
-        text = text.replace(form, "***")
+    for key in {_shared_key, os.environ.get(KEY_VARIABLE, "")}:
+        if len(key) >= 10:
+            text = scrub_secret(text, key)
     return text
 
 
@@ -126,7 +130,7 @@ def boot_error_text(exc: BaseException) -> str:
         return _scrub(str(exc))
     if isinstance(exc, HandlerImportError) and exc.hint:
         cause = exc.__cause__
-        return _scrub(exc.hint + ("\n" + _format_error(cause, 4000) if cause is not None else ""))
+        return _scrub(exc.hint) + ("\n" + _format_error(cause, 4000) if cause is not None else "")
     return format_error(exc, 4000)
 
 
@@ -169,8 +173,9 @@ def _error_line(exc: BaseException) -> str:
 
 def _format_error(exc: BaseException, limit: int) -> str:
     """The error line, then the user's frames innermost first (so a cut keeps the user's file and line), then
-    the cause's; at --log-level DEBUG the whole traceback as Python prints it instead of the frames."""
-    head = _error_line(exc)
+    the cause's; at --log-level DEBUG the whole traceback as Python prints it instead of the frames. Scrubbed
+    whole (the shared key) before anything is cut."""
+    head = _scrub(_error_line(exc))
     if len(head) >= limit:
         return head[: limit - 3] + "..."
     if logs.level() == "DEBUG":
@@ -182,7 +187,7 @@ def _format_error(exc: BaseException, limit: int) -> str:
             parts.append(f"caused by {_error_line(cause)}")
             parts += [line.rstrip("\n") for line in traceback.format_list(user_frames(cause.__traceback__)[:3])]
         body = "\n".join(parts)
-    text = f"{head}\n{body}"
+    text = _scrub(f"{head}\n{body}")
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -215,7 +220,7 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dic
     try:
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
-        error = f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})"
+        error = _scrub(f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})")
         return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
     if len(encoded) > max_result_bytes:
         error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
@@ -228,18 +233,23 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
                parent_pid: int, group_grace: float = 3.0, env: dict[str, str] | None = None) -> None:
     """Entry point run by the forkserver for each child; `env` is added to its environment before the
     handler is imported (the API key and URL, when the operator shares them)."""
-    leader = group.lead_own_group()  # first: until then the parent signals this pid alone
+    global _shared_key, _not_mine, _group_grace
+    dumpable.set_dumpable(True)  # a sealed forkserver's children inherit non-dumpable: they hold no key
+    leader = group.lead_own_group()  # until then the parent signals this pid alone
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until the handler is imported: die at once
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     die_with_parent(parent_pid)
     keeper = group.start_keeper(slot, group_grace) if leader else None
+    _not_mine, _group_grace = frozenset({keeper} if keeper else ()), group_grace
+    os.environ[group.JOB_MARK_ENV] = f"{os.getpid()}.0"  # what the start-up execs is marked as the child's
     sock.setblocking(True)
     title = f"spooled-supervisor: child {slot}"
     set_title(f"{title} starting")
     os.environ.update(env or {})
     lifecycle.forget_inherited_exits()
     logs.install()  # before the import: the module's import-time lines come out as the daemon's
+    _shared_key = (env or {}).get(KEY_VARIABLE, "")
     try:
         handler = load_handler(handler_spec)
         life = lifecycle.begin(handler, worker_id)  # --child-init, tracing, the `started` hooks
@@ -315,6 +325,9 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
     """Run `job`, read what the parent sent meanwhile, and start the next held job at once, naming it in
     the `done` frame. Returns that job (None if none is held) and whether to go on."""
     set_title(f"{title} busy {job['id']}")
+    global _jobs_run
+    _jobs_run += 1
+    started = group.JobProcesses(_socket_inode(sock), _jobs_run)
     if _life.wraps:
         reply = _life.run(job, lambda seen: run_job(handler, job, worker_id, max_result_bytes, seen))
     else:
@@ -335,7 +348,17 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
         set_title(f"{title} busy {following['id']}")
     else:
         set_title(f"{title} idle")
-    return following, _write(sock, [*out, reply]) and not stop
+    going = _write(sock, [*out, reply]) and not stop
+    # Nothing a job started outlives it: what it left running is stopped before the next job begins.
+    group.stop_processes(started.started(_not_mine), _group_grace)
+    return following, going
+
+
+def _socket_inode(sock: socket.socket) -> int | None:
+    try:
+        return os.fstat(sock.fileno()).st_ino
+    except OSError:
+        return None
 
 
 def next_held(held: dict[str, dict], out: list) -> dict | None:

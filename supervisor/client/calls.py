@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
+
 from supervisor import exactjson
 from supervisor.client.httpconn import Response
 
@@ -76,6 +78,28 @@ class Secret:
         return "Secret('***')"
 
     __str__ = __repr__
+
+    def scrub(self, text: str) -> str:
+        """`text` with every form of this secret replaced by ***: call it before cutting a text."""
+        return scrub_secret(text, self.value)
+
+
+def secret_forms(secret: str) -> tuple[str, ...]:
+    """The secret as it can appear in a line: itself, JSON-escaped and repr-escaped (inside a dict or a list).
+
+    Longest first, so an escaped form is replaced before the plain one inside it could be."""
+    if not secret:
+        return ()
+    forms = {secret, orjson.dumps(secret).decode()[1:-1], repr(secret)[1:-1], repr(secret.encode())[2:-1]}
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def scrub_secret(text: str, secret: str) -> str:
+    """`text` with every form of `secret` replaced by ***."""
+    for form in secret_forms(secret):
+        if form in text:
+            text = text.replace(form, "***")
+    return text
 
 
 class _Headers(dict):

@@ -36,6 +36,7 @@ from supervisor.client.loophttp import _is_local
 from supervisor.client.rest import SpooledAPI
 
 _READ = 65536
+READ_BUDGET = 65536  # bytes read from the stream per turn of the loop at most: a flooding peer cannot hold it
 MAX_HEAD = 64 * 1024
 MAX_ERROR_BODY = 64 * 1024
 MAX_EVENT = 1024 * 1024  # bytes of one event's lines at most: a bigger one is malformed
@@ -243,9 +244,10 @@ class EventsConnection:
         answer = self.answer
         assert answer is not None
         notes: list[tuple] = []
-        while True:
+        budget = READ_BUDGET
+        while budget > 0:
             try:
-                chunk = self.sock.recv(_READ)
+                chunk = self.sock.recv(min(_READ, budget))
             except (BlockingIOError, ssl.SSLWantReadError):
                 break
             self.last_read_at = now
@@ -258,11 +260,12 @@ class EventsConnection:
                 self.head_bytes += len(chunk)
                 if self.head_bytes > MAX_HEAD:
                     return self._lost(f"the events answer's headers are over {MAX_HEAD} bytes")
+            budget -= len(chunk)
             answer.parser.feed_data(chunk)
             notes += self._progress()
             if self.sock is None:
                 return notes
-        self._watch(_R)
+        self._watch(_R)  # more may be waiting: the selector says so again at the next turn
         return notes
 
     def _progress(self) -> list[tuple]:

@@ -386,7 +386,7 @@ class GrpcAPI:
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
         from supervisor.proto import spooled_pb2 as pb
 
-        text = (error or "Job failed").encode()[:4096].decode("utf-8", "ignore")
+        text = self._key.scrub(error or "Job failed").encode()[:4096].decode("utf-8", "ignore")  # scrub, then cut
         # retry=True explicitly: "retry per max_retries" on every server version (on <= 0.1.115 an unset
         # retry read as false and dead-lettered)
         req = pb.FailRequest(job_id=job_id, worker_id=worker_id, error=text, lease_id=lease_id, retry=True)

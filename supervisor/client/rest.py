@@ -50,6 +50,7 @@ from supervisor.client.calls import (
     classify,
     decode,
     network_error,
+    scrub_secret,
 )
 from supervisor.client.httpconn import Response
 from supervisor.client.loophttp import LoopHTTP
@@ -175,7 +176,8 @@ class SpooledAPI:
                          job_route=True)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> Call:
-        body = {"worker_id": worker_id, "lease_id": lease_id, "error": (error or "Job failed")[:2048]}
+        body = {"worker_id": worker_id, "lease_id": lease_id,
+                "error": scrub_secret(error or "Job failed", self._key)[:2048]}  # scrubbed before it is cut
         return self.call("POST", f"/api/v1/jobs/{quote(job_id, safe='')}/fail", body, route="fail", job_route=True)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> Call:

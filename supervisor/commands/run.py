@@ -16,6 +16,7 @@ from urllib.parse import quote
 import orjson
 
 from supervisor import exitcodes
+from supervisor.child import dumpable
 from supervisor.child import logs as child_logs
 from supervisor.child.forkservers import start_forkserver
 from supervisor.child.lifecycle import CHILD_INIT_ENV, EXIT_GRACE_ENV
@@ -52,6 +53,8 @@ def main(argv: list[str]) -> int:
     own = identity.instance_metadata(time.time())
     for name in SECRET_ENV:  # children (via the forkserver) must never see the key
         os.environ.pop(name, None)
+    if not cfg.share_api_key:  # /proc/<pid>/environ keeps the exec-time environment: only root may read it now
+        dumpable.set_dumpable(False)
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
     os.environ[child_logs.CHILD_LOGGING_ENV] = child_logs.order(cfg.log_format, cfg.log_level, cfg.child_logging)
     if not cfg.queues or cfg.child_init:
@@ -79,8 +82,9 @@ def main(argv: list[str]) -> int:
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
     hand_to_children(cfg)
-    start_forkserver(cfg.handler if cfg.preload else None)  # with the key and the notify socket out of the
-    # environment, before any thread; with --preload it imports the handler's module (the parent never does)
+    # With the key and the notify socket out of the environment, before any thread; with --preload it imports
+    # the handler's module (the parent never does); non-dumpable like the parent unless the key is shared.
+    start_forkserver(cfg.handler if cfg.preload else None, sealed=not cfg.share_api_key)
     arbiter = Arbiter(cfg, choose_transport(cfg, client, hooks), hooks)
     try:
         hooks.start(arbiter.snapshot, arbiter.ask_drain)
@@ -90,6 +94,7 @@ def main(argv: list[str]) -> int:
     try:
         return arbiter.run()
     finally:
+        orphans.kill_forkserver_strays(grace=cfg.kill_grace)
         orphans.kill_adopted(grace=cfg.kill_grace)
         hooks.stop()
 

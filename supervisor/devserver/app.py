@@ -230,7 +230,7 @@ class App:
         log (GET /_dev/requests)."""
         received = time.time()
         status, body, headers, cut = self.handle(req)
-        self.requests.record(req.method, req.path, status, req.body, received)
+        self.requests.record(req.method, req.path, status, req.body, received, req.org)
         if req.path.startswith("/api/"):
             headers["x-api-version"] = "1"
         return status, body, headers, cut
@@ -259,9 +259,9 @@ class App:
                             self.stats.count(org, fn.__name__, rate_limited=True)
                             raise
                     self.stats.count(org, fn.__name__)
-                    if self.faults.active():
-                        self.faults.before()
-                        cut = self.faults.should_cut()
+                    if self.faults.active(org):
+                        self.faults.before(org)
+                        cut = self.faults.should_cut(org)
             status, body, headers = fn(self, req)
             return status, body, headers or {}, cut
         except HttpError as e:

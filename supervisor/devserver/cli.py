@@ -34,9 +34,10 @@ Resilience switches (to test a worker against a misbehaving API):
   --max-workers N       worker cap: register answers 429 QUOTA_EXCEEDED beyond N healthy/degraded workers
   --rate-limit RPS      per-organization token bucket; 429 RATE_LIMIT_EXCEEDED with Retry-After
 Faults never touch /health* or /_dev/faults. While running, GET/POST /_dev/faults (any valid key)
-reads/replaces {"fail_503": F, "delay_ms": N, "cut": F, "fail_status": 503 (or 408, 5xx)}.
+reads/replaces {"fail_503": F, "delay_ms": N, "cut": F, "fail_status": 503 (or 408, 5xx)} for the
+key's organization alone; every /_dev route acts for the caller's organization only.
 To lose a lease on demand: POST /_dev/leases/{job_id}/expire, or /steal with {"worker_id": W}.
-GET /_dev/requests[?since=UNIX_TIME] lists the last 10,000 /api/v1 requests (status, lease_id, t).
+GET /_dev/requests[?since=UNIX_TIME] lists the caller's /api/v1 requests of the last 10,000 (status, lease_id, t).
 
 Every option can also be set from the environment as SPOOLED_DEV_<OPTION> in upper case with
 underscores, e.g. SPOOLED_DEV_PORT=9000, SPOOLED_DEV_FAULT_503=0.1; the API key also from

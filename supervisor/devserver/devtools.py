@@ -5,7 +5,8 @@
   POST /_dev/leases/{id}/steal   -- {"worker_id": W, "lease_duration_secs": N}: the job is re-issued to W
                                     under a new lease; answers it. The holder gets 404 (W is another
                                     worker) or 409 LEASE_EXPIRED (W is the holder: its lease id is stale)
-  GET  /_dev/requests            -- the last 10,000 /api/v1 requests, in the order answered: method, path,
+  GET  /_dev/requests            -- the caller's organization's /api/v1 requests among the last 10,000 the
+                                    server answered (unauthenticated ones are not kept), in order: method, path,
                                     status, lease_id (from a job route's body), received and t (Unix
                                     seconds: body read, answer ready); `?since=T` keeps those answered after T
 """
@@ -25,20 +26,23 @@ class RequestLog:
     """A bounded, thread-safe record of the /api/v1 requests answered."""
 
     def __init__(self, size: int = 10_000):
-        self._entries: collections.deque[dict] = collections.deque(maxlen=size)
+        self._entries: collections.deque[tuple[str, dict]] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
-    def record(self, method: str, path: str, status: int, raw_body: bytes | None, received: float) -> None:
-        if not path.startswith("/api/v1/"):
+    def record(self, method: str, path: str, status: int, raw_body: bytes | None, received: float,
+               org: str | None = None) -> None:
+        """Record one answered request of `org` (None: it did not authenticate, and nobody sees it)."""
+        if not path.startswith("/api/v1/") or org is None:
             return
         entry = {"method": method, "path": path, "status": status, "lease_id": _lease_id(path, raw_body),
                  "received": received, "t": time.time()}
         with self._lock:
-            self._entries.append(entry)
+            self._entries.append((org, entry))
 
-    def since(self, t: float) -> list[dict]:
+    def since(self, t: float, org: str) -> list[dict]:
+        """`org`'s requests answered after `t`, in order."""
         with self._lock:
-            return [e for e in self._entries if e["t"] > t]
+            return [e for o, e in self._entries if o == org and e["t"] > t]
 
 
 _LEASE_ID = re.compile(rb'"lease_id"\s*:\s*"([^"\\]{1,255})"')
@@ -58,7 +62,7 @@ def get_requests(app, req):
         since = float(raw)
     except ValueError:
         since = 0.0
-    return 200, app.requests.since(since), None
+    return 200, app.requests.since(since, req.org), None
 
 
 def expire_lease(app, req):

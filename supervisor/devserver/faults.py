@@ -1,6 +1,7 @@
 """Fault injection and per-organization rate limiting.
 
-Faults apply only to /api/v1 routes (never /health* or /_dev/faults):
+Faults apply only to /api/v1 routes (never /health* or /_dev/faults), per organization: those set at
+start apply to all; those an organization sets through /_dev/faults apply to its own requests alone.
   delay_ms   -- sleep that long before handling (for a `delay_fraction` of requests; default all)
   fail_503   -- fraction of requests answered 503 SERVICE_UNAVAILABLE without being handled
   fail_status -- the status those answers carry instead of 503: 408 or another 5xx
@@ -24,21 +25,41 @@ from .errors import HttpError
 _FAULT_CODES = {408: "REQUEST_TIMEOUT", 502: "BAD_GATEWAY", 503: "SERVICE_UNAVAILABLE", 504: "GATEWAY_TIMEOUT"}
 
 
+class _Settings:
+    """One set of fault settings and the RNG that draws from them."""
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self.fail_503, self.delay_ms, self.cut, self.delay_fraction = 0.0, 0, 0.0, 1.0
+        self.fail_status = 503
+
+    def snapshot(self) -> dict:
+        return {"fail_503": self.fail_503, "delay_ms": self.delay_ms, "cut": self.cut,
+                "delay_fraction": self.delay_fraction, "fail_status": self.fail_status}
+
+
 class Faults:
-    """Thread-safe, replaceable fault settings with a seeded RNG."""
+    """Thread-safe, replaceable fault settings with a seeded RNG, per organization.
+
+    The settings given at start (the command line's `--fault-*`) apply to every organization; an
+    organization that sets its own (`POST /_dev/faults`, `org` given) gets its own from then on, so one
+    organization's faults never reach another's requests. Every method takes the organization (None:
+    the settings from start)."""
 
     def __init__(self, fail_503: float = 0.0, delay_ms: int = 0, cut: float = 0.0, delay_fraction: float = 1.0,
                  seed: int | None = None):
         self._lock = threading.Lock()
-        self._rng = random.Random(seed)
-        self.fail_503, self.delay_ms, self.cut, self.delay_fraction = 0.0, 0, 0.0, 1.0
-        self.fail_status = 503
+        self._seed = seed
+        self._default = _Settings(random.Random(seed))
+        self._orgs: dict[str, _Settings] = {}
         self.update({"fail_503": fail_503, "delay_ms": delay_ms, "cut": cut, "delay_fraction": delay_fraction})
 
-    def snapshot(self) -> dict:
+    def _for(self, org: str | None) -> _Settings:
+        return self._orgs.get(org, self._default) if org is not None else self._default
+
+    def snapshot(self, org: str | None = None) -> dict:
         with self._lock:
-            return {"fail_503": self.fail_503, "delay_ms": self.delay_ms, "cut": self.cut,
-                    "delay_fraction": self.delay_fraction, "fail_status": self.fail_status}
+            return self._for(org).snapshot()
 
     @staticmethod
     def check(values: dict) -> dict:
@@ -62,31 +83,43 @@ class Faults:
             out["fail_status"] = v
         return out
 
-    def update(self, values: dict) -> dict:
+    def update(self, values: dict, org: str | None = None) -> dict:
+        """Change `org`'s settings (None: the ones from start, which organizations without their own use)."""
         clean = self.check(values)
         with self._lock:
+            if org is None:
+                target = self._default
+            elif org in self._orgs:
+                target = self._orgs[org]
+            else:
+                target = self._orgs[org] = _Settings(random.Random(self._seed))
+                for k, v in self._default.snapshot().items():
+                    setattr(target, k, v)
             for k, v in clean.items():
-                setattr(self, k, v)
-        return self.snapshot()
+                setattr(target, k, v)
+            return target.snapshot()
 
-    def active(self) -> bool:
-        return bool(self.fail_503 or self.delay_ms or self.cut)
+    def active(self, org: str | None = None) -> bool:
+        f = self._for(org)
+        return bool(f.fail_503 or f.delay_ms or f.cut)
 
-    def before(self) -> None:
+    def before(self, org: str | None = None) -> None:
         """Run before handling: maybe sleep, maybe raise the injected 503."""
         with self._lock:
-            delay = self.delay_ms if (self.delay_ms and self._rng.random() < self.delay_fraction) else 0
-            fail = self.fail_503 and self._rng.random() < self.fail_503
-            status = self.fail_status
+            f = self._for(org)
+            delay = f.delay_ms if (f.delay_ms and f.rng.random() < f.delay_fraction) else 0
+            fail = f.fail_503 and f.rng.random() < f.fail_503
+            status = f.fail_status
         if delay:
             time.sleep(delay / 1000.0)
         if fail:
             message = "service unavailable" if status == 503 else f"status {status}"
             raise HttpError(status, _FAULT_CODES.get(status, "INTERNAL_ERROR"), f"Injected fault: {message}")
 
-    def should_cut(self) -> bool:
+    def should_cut(self, org: str | None = None) -> bool:
         with self._lock:
-            return bool(self.cut) and self._rng.random() < self.cut
+            f = self._for(org)
+            return bool(f.cut) and f.rng.random() < f.cut
 
 
 class RateLimiter:

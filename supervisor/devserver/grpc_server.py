@@ -167,13 +167,13 @@ class Backend:
                 self.limiter.take(org)
             except HttpError:
                 raise GrpcError(SC.RESOURCE_EXHAUSTED, "Rate limit exceeded", "RATE_LIMIT_EXCEEDED") from None
-        if not self.faults.active():
+        if not self.faults.active(org):
             return False
         try:
-            self.faults.before()
+            self.faults.before(org)
         except HttpError as e:
             raise GrpcError(SC.UNAVAILABLE, e.body["message"]) from None
-        return self.faults.should_cut()
+        return self.faults.should_cut(org)
 
     # -- queue --
     def enqueue(self, org: str, req: pb.EnqueueRequest) -> pb.EnqueueResponse:

@@ -108,7 +108,8 @@ def health_ready(app, req):
 
 
 def get_faults(app, req):
-    return 200, app.faults.snapshot(), None
+    """GET /_dev/faults: the faults the caller's organization's requests get."""
+    return 200, app.faults.snapshot(req.org), None
 
 
 def get_stats(app, req):
@@ -121,7 +122,7 @@ def set_faults(app, req):
     if not isinstance(data, dict):
         raise validation("body", "must be a JSON object", "invalid_type")
     try:
-        return 200, app.faults.update(data), None
+        return 200, app.faults.update(data, req.org), None  # the caller's organization alone
     except ValueError as e:
         raise validation(str(e).split()[0], str(e), "range") from None
 
@@ -222,7 +223,7 @@ def event_filter(app, req) -> tuple[str | None, set[str] | None, str | None]:
     `events` (comma-separated names to keep) and `job_id`; 404 with `--events off`, 503 while refusing."""
     if not app.cfg.events:
         raise HttpError(404, "NOT_FOUND", "No route matches this path")
-    if app.events.refusing():
+    if app.events.refusing(req.org):
         raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
     queue = req.query.get("queue", [None])[0]
     if queue is not None:
@@ -246,16 +247,18 @@ def sse_events(app, req):
 
 
 def event_streams(app, req):
-    """GET /_dev/events: how many event streams are open, and how many events were published."""
-    return 200, {"streams": app.events.count(), "published": app.events.published}, None
+    """GET /_dev/events: how many of the caller's organization's event streams are open, and how many events
+    were published to it."""
+    return 200, {"streams": app.events.count(req.org), "published": app.events.published_to(req.org)}, None
 
 
 def drop_event_streams(app, req):
-    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end every open event stream (clients see
-    their connection close), and answer new ones 503 for `refuse_secs` seconds (default 0)."""
+    """POST /_dev/events/drop, body optional {"refuse_secs": s}: end the caller's organization's open event
+    streams (clients see their connection close), and answer its new ones 503 for `refuse_secs` seconds
+    (default 0). Other organizations' streams are untouched."""
     b = body(req, optional=True)
     refuse = b.int("refuse_secs", False, 0, 3600, default=0)
-    return 200, {"dropped": app.events.drop_all(refuse or 0)}, None
+    return 200, {"dropped": app.events.drop_all(req.org, refuse or 0)}, None
 
 
 def claim(app, req):

@@ -15,7 +15,7 @@ Contract:
   comment, so a silent connection is a dead one.
 - A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
   (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
-  with 503 for a while).
+  with 503 for a while): one organization's streams, never another's.
 - A subscriber that falls BUFFER events behind loses the newest ones, as the real broadcast channel
   drops for a lagging receiver: events are a hint to claim, never the only way to find a job.
 """
@@ -81,7 +81,8 @@ class Broadcaster:
         self._lock = threading.Lock()
         self._subs: set[Subscriber] = set()
         self.published = 0
-        self._refuse_until = 0.0
+        self._published: dict[str, int] = {}  # per organization
+        self._refuse_until: dict[str, float] = {}  # per organization: new streams refused until then
 
     def subscribe(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None = None,
                   raw: bool = False, wake: Callable[[], None] | None = None) -> Subscriber:
@@ -103,15 +104,21 @@ class Broadcaster:
         with self._lock:
             self._subs.discard(sub)
 
-    def count(self) -> int:
+    def count(self, org: str | None = None) -> int:
+        """Open streams (of `org`, when given)."""
         with self._lock:
-            return len(self._subs)
+            return sum(1 for s in self._subs if org is None or s.org == org)
+
+    def published_to(self, org: str) -> int:
+        with self._lock:
+            return self._published.get(org, 0)
 
     def publish(self, org: str, name: str, variant: str, data: dict) -> None:
         queue_name, job_id = data.get("queue_name"), data.get("job_id")
         with self._lock:
             subs = [s for s in self._subs if s.wants(org, name, queue_name, job_id)]
             self.published += 1
+            self._published[org] = self._published.get(org, 0) + 1
         if subs:
             frame = None
             for sub in subs:
@@ -130,15 +137,15 @@ class Broadcaster:
         for name, variant, event in realtime_events(fact, data, ts(time.time()) or ""):
             self.publish(org, name, variant, event)
 
-    def refusing(self) -> bool:
-        return time.monotonic() < self._refuse_until
+    def refusing(self, org: str | None) -> bool:
+        return org is not None and time.monotonic() < self._refuse_until.get(org, 0.0)
 
-    def drop_all(self, refuse_secs: float = 0.0) -> int:
-        """End every open stream (the clients see the connection close) and refuse new ones for
+    def drop_all(self, org: str, refuse_secs: float = 0.0) -> int:
+        """End `org`'s open streams (the clients see the connection close) and refuse its new ones for
         `refuse_secs`; how many there were."""
         with self._lock:
-            subs = list(self._subs)
-            self._refuse_until = time.monotonic() + refuse_secs
+            subs = [s for s in self._subs if s.org == org]
+            self._refuse_until[org] = time.monotonic() + refuse_secs
         for sub in subs:
             sub.offer(_END)
         return len(subs)

@@ -7,8 +7,12 @@ shows in /readyz, /status and /metrics, never in /healthz.
 POST /drain (from loopback only: the port is often bound to every address in a pod) asks the daemon
 to drain and hand its reserve back; `python -m supervisor drain` sends it.
 
-Runs a ThreadingHTTPServer on a daemon thread. Every request calls `snapshot()` (or renders the
-metrics) on that thread. The daemon's loop publishes a frozen `Published` snapshot (at most every
+One daemon thread serves every connection without blocking (a selector): it holds at most
+`MAX_CONNECTIONS` (a new one closes the oldest), gives each request `REQUEST_TIMEOUT` seconds to arrive
+whole (head and body, also between kept-alive requests) and its answer as long to leave, then closes the
+connection. Idle or half-sent connections therefore cost a descriptor each, never a thread, and cannot
+keep answers from others. Every request calls `snapshot()` (or renders the metrics) on that thread.
+The daemon's loop publishes a frozen `Published` snapshot (at most every
 100 ms, and at once when its phase changes); `snapshot()` reads the last one and computes its ages at
 read time from the monotonic stamps it carries, so a stuck loop shows ever older ages and nothing here
 touches the loop's parts or waits on a lock the loop may hold: /healthz exists to notice a stuck loop.
@@ -17,20 +21,31 @@ A failing snapshot gives a 500 JSON answer; the server keeps running.
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import json
 import logging
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 
 log = logging.getLogger(__name__)
 
 Snapshot = Callable[[], dict]  # /status's document, as `Published.status` makes it
+
+MAX_CONNECTIONS = 64  # client connections held at once; a new one closes the oldest
+REQUEST_TIMEOUT = 5.0  # seconds for a request's head and body to arrive whole, and for its answer to leave
+MAX_HEAD_BYTES = 16384
+MAX_BODY_BYTES = 65536  # a POST's body is read and ignored
+READ_CHUNK = 65536
+ACCEPT_BATCH = 64
+SERVE_TICK = 0.1  # how often the serving thread looks at its stop flag
 
 
 @dataclass(frozen=True)
@@ -103,23 +118,24 @@ def readiness(snap: dict, max_api_silence: float) -> str | None:
     return None
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    health: HealthServer
-
-    def handle_error(self, request, client_address):  # a client hung up: not worth stderr
-        log.debug("health endpoint: error serving %s", client_address, exc_info=True)
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    """Answers one request already read whole (head and body) into memory; the answer goes to a buffer
+    the serving thread sends without blocking. Never touches a socket."""
+
     server_version = "spooled-supervisor"
     protocol_version = "HTTP/1.1"
+
+    def __init__(self, request: bytes, client_address: tuple, health: HealthServer):  # noqa: D107
+        self.health = health
+        self.client_address = client_address
+        self.rfile = io.BytesIO(request)
+        self._answer = io.BytesIO()
+        self.wfile = self._answer
+        self.close_connection = True
+        self.handle_one_request()
+
+    def answer(self) -> bytes:
+        return self._answer.getvalue()
 
     def log_message(self, format, *args):  # quiet: no per-request stderr lines
         pass
@@ -131,11 +147,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._route(head=False)
 
     def do_POST(self):
-        health = self.server.health
+        health = self.health
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        length = int(self.headers.get("Content-Length") or 0)
-        if 0 < length <= 65536:
-            self.rfile.read(length)  # a body is allowed and ignored
         if path != "/drain" or health.drain is None:
             return self._json(404, {"status": "not found", "routes": ROUTES}, head=False)
         if not is_loopback_client(self.client_address[0]):
@@ -145,7 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self._json(202, {"status": "draining"}, head=False)
 
     def _route(self, head: bool) -> None:
-        health = self.server.health
+        health = self.health
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
             if path == "/metrics":
@@ -182,6 +195,55 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
+def _plain_answer(code: int, reason: str) -> bytes:
+    """A short answer that closes the connection, for a request the server will not read."""
+    body = json.dumps({"status": "error", "reason": reason}).encode() + b"\n"
+    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+def frame_request(buf: bytes | bytearray) -> tuple[int, bytes | None]:
+    """How much of `buf` is the first request: (its length, None) when whole, (0, None) while it is not,
+    (-1, answer) when it can never be served (too big, bad length, chunked body): send `answer` and close."""
+    end = buf.find(b"\r\n\r\n")
+    head_end = end + 4
+    bare = buf.find(b"\n\n")
+    if bare != -1 and (end == -1 or bare < end):
+        end, head_end = bare, bare + 2
+    if end == -1:
+        if len(buf) > MAX_HEAD_BYTES:
+            return -1, _plain_answer(431, "Request Header Fields Too Large")
+        return 0, None
+    if end > MAX_HEAD_BYTES:
+        return -1, _plain_answer(431, "Request Header Fields Too Large")
+    length = 0
+    for line in bytes(buf[:end]).split(b"\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"transfer-encoding":
+            return -1, _plain_answer(411, "Length Required")
+        if name == b"content-length":
+            text = value.strip()
+            if not text.isdigit() or len(text) > 9:
+                return -1, _plain_answer(400, "Bad Request")
+            length = int(text)
+    if length > MAX_BODY_BYTES:
+        return -1, _plain_answer(413, "Content Too Large")
+    total = head_end + length
+    return (total, None) if len(buf) >= total else (0, None)
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    address: tuple
+    deadline: float  # monotonic: the request must be read (or the answer sent) by then
+    inbuf: bytearray
+    outbuf: memoryview | None = None
+    close_after: bool = False
+
+
 class HealthServer:
     """Serves the daemon's health, readiness, metrics and status. `port=0` binds a free port."""
 
@@ -196,30 +258,158 @@ class HealthServer:
         self.max_children_down = max_children_down  # /healthz fails after this long with no child up
         self.max_api_silence = max_api_silence  # /readyz fails after this long without an API answer
         self.drain = drain  # called (on the server's thread) for POST /drain; None: no such route
-        self._server: _Server | None = None
+        self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._open = 0  # client connections open (written by the serving thread)
 
     @property
     def port(self) -> int:
         """The bound port (meaningful after start())."""
-        return self._server.server_address[1] if self._server else self.requested_port
+        return self._listener.getsockname()[1] if self._listener is not None else self.requested_port
 
     def start(self) -> HealthServer:
-        """Bind (raises OSError if the port is taken) and serve on a daemon thread."""
-        server_class = _Server6 if ":" in self.host else _Server
-        self._server = server_class((self.host, self.requested_port), _Handler)
-        self._server.health = self
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="health-http", daemon=True)
+        """Bind (raises OSError if the port is taken) and serve on one daemon thread."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self.host, self.requested_port))
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._serve, args=(listener,), name="health-http", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        if self._server is None:
+        if self._listener is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
+        self._stopping.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self._server = None
+        self._listener = None
         self._thread = None
+
+    def connection_count(self) -> int:
+        """How many client connections are open now (for the tests and /status readers)."""
+        return self._open
+
+    def _serve(self, listener: socket.socket) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, None)
+        conns: dict[int, _Connection] = {}  # by file descriptor, oldest first
+        try:
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                wait = SERVE_TICK
+                if conns:
+                    wait = max(0.0, min(wait, min(c.deadline for c in conns.values()) - now))
+                for key, _mask in sel.select(wait):
+                    conn = key.data
+                    if conn is None:
+                        self._accept(listener, sel, conns)
+                    elif conn.outbuf is not None:
+                        self._write(conn, sel, conns)
+                    else:
+                        self._read(conn, sel, conns)
+                now = time.monotonic()
+                for conn in [c for c in conns.values() if c.deadline <= now]:
+                    self._close(conn, sel, conns)  # a request that did not come whole in time, or a reader that stalled
+                self._open = len(conns)
+        except Exception:  # noqa: BLE001 - the thread must not die silently
+            log.exception("health endpoint stopped serving")
+        finally:
+            for conn in list(conns.values()):
+                self._close(conn, sel, conns)
+            sel.close()
+            listener.close()
+            self._open = 0
+
+    def _accept(self, listener: socket.socket, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors, say: the ones we hold are dropped oldest first below
+                log.debug("health endpoint: accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            while len(conns) >= MAX_CONNECTIONS:  # the oldest connection makes room for the newest
+                self._close(next(iter(conns.values())), sel, conns)
+            conn = _Connection(sock, address, time.monotonic() + REQUEST_TIMEOUT, bytearray())
+            conns[sock.fileno()] = conn
+            sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        try:
+            data = conn.sock.recv(READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn, sel, conns)
+            return
+        conn.inbuf += data
+        self._answer_next(conn, sel, conns)
+
+    def _answer_next(self, conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        """Answer the first request in `conn`'s buffer if it is whole (pipelined ones wait their turn)."""
+        length, refusal = frame_request(conn.inbuf)
+        if refusal is not None:
+            conn.inbuf.clear()
+            answer, close = refusal, True
+        elif length == 0:
+            return
+        else:
+            request = bytes(conn.inbuf[:length])
+            del conn.inbuf[:length]
+            try:
+                handler = _Handler(request, conn.address, self)
+                answer, close = handler.answer(), handler.close_connection
+            except Exception:  # noqa: BLE001 - one bad request must not stop the server
+                log.debug("health endpoint: request failed", exc_info=True)
+                answer, close = _plain_answer(500, "Internal Server Error"), True
+        if not answer:
+            self._close(conn, sel, conns)
+            return
+        conn.outbuf = memoryview(answer)
+        conn.close_after = close
+        conn.deadline = time.monotonic() + REQUEST_TIMEOUT
+        sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+        self._write(conn, sel, conns)
+
+    def _write(self, conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        assert conn.outbuf is not None
+        try:
+            sent = conn.sock.send(conn.outbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn, sel, conns)
+            return
+        conn.outbuf = conn.outbuf[sent:]
+        if len(conn.outbuf):
+            return
+        conn.outbuf = None
+        if conn.close_after:
+            self._close(conn, sel, conns)
+            return
+        conn.deadline = time.monotonic() + REQUEST_TIMEOUT
+        sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        self._answer_next(conn, sel, conns)
+
+    @staticmethod
+    def _close(conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        conns.pop(conn.sock.fileno(), None)
+        try:
+            sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()

@@ -13,6 +13,10 @@ import time
 
 import orjson
 
+from supervisor.client.calls import scrub_secret, secret_forms
+
+__all__ = ["scrub", "secret_forms", "setup_logging", "log_event", "ScrubbingHandler"]
+
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -57,16 +61,6 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def secret_forms(secret: str) -> tuple[str, ...]:
-    """The secret as it can appear in a line: itself, JSON-escaped and repr-escaped (inside a dict or a list).
-
-    Longest first, so an escaped form is replaced before the plain one inside it could be."""
-    if not secret:
-        return ()
-    forms = {secret, orjson.dumps(secret).decode()[1:-1], repr(secret)[1:-1], repr(secret.encode())[2:-1]}
-    return tuple(sorted(forms, key=len, reverse=True))
-
-
 class ScrubbingHandler(logging.StreamHandler):
     """Writes each record as its formatter renders it, with every form of the secret replaced by ***.
 
@@ -98,8 +92,19 @@ class ScrubbingHandler(logging.StreamHandler):
             pass
 
 
+_secret = ""  # the secret setup_logging was given, for `scrub`
+
+
+def scrub(text: str) -> str:
+    """`text` with every form of the logged secret replaced by ***: for a text about to be cut (a log line
+    scrubs whole forms only, so a key cut in half would pass)."""
+    return scrub_secret(text, _secret) if _secret else text
+
+
 def setup_logging(fmt: str = "auto", level: str = "INFO", secret: str = "", stream=None) -> None:
     """One handler on the root logger: JSON or text lines to `stream` (stderr), the secret scrubbed from each."""
+    global _secret
+    _secret = secret
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "text" if stream.isatty() else "json"

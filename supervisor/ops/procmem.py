@@ -6,8 +6,8 @@ a threshold the sample reads PSS instead (/proc/PID/smaps_rollup: shared pages s
 sharers), which is what a cap is checked against. PSS costs a walk of the process's page tables, some
 3 ms for a process holding 150 MiB, which is why it is read only then. The tree is walked through
 /proc/PID/task/TID/children, so a sample costs in proportion to the tree, not to the host. A process
-whose parent died is re-parented to the daemon and leaves the tree: it is no longer counted (it is
-still stopped with the child's group).
+whose parent died is re-parented to the daemon and leaves the tree: the daemon attributes it to the child
+it came from (supervisor.parent.orphans) and passes it here as an extra root, so it is still counted.
 """
 
 from __future__ import annotations
@@ -74,10 +74,14 @@ def descendants(pid: int) -> list[int] | None:
     return found
 
 
-def tree_memory(pid: int, exclude: frozenset[int] = frozenset(), pss_above: int | None = None) -> TreeMemory | None:
-    """The memory of `pid` and every process below it (the pids in `exclude` not counted, e.g. a keeper):
+def tree_memory(pid: int, exclude: frozenset[int] = frozenset(), pss_above: int | None = None,
+                extra_roots: tuple[int, ...] = ()) -> TreeMemory | None:
+    """The memory of `pid` and every process below it, and of each of `extra_roots` and the processes below
+    it (what left the tree but is known to be its own), the pids in `exclude` not counted (e.g. a keeper):
     their RSS, or their PSS when the RSS is over `pss_above` bytes. None when `pid` is gone."""
     pids = [pid] + [p for p in (descendants(pid) or []) if p not in exclude]
+    for root in extra_roots:
+        pids += [p for p in [root, *(descendants(root) or [])] if p not in exclude and p not in pids]
     sample = _total(pids, resident)
     if sample is not None and pss_above is not None and sample.bytes > pss_above:
         sample = _total(pids, proportional, "pss")

@@ -33,7 +33,7 @@ from supervisor.config import Config
 from supervisor.ops.budget import stop_budget
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.health import Published
-from supervisor.ops.logs import log_event
+from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
 from supervisor.parent.childproc import Child
@@ -350,7 +350,7 @@ class Arbiter:
                 self.begin_drain(now, exitcodes.OK)
             case _:
                 log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
-                          fact=repr(fact)[:300])
+                          fact=scrub(repr(fact))[:300])
 
     def reap(self, child: Child, now: float) -> None:
         """A child's sentinel fired: the pool reaps it (its job fails); /status shows it at the end of this turn."""

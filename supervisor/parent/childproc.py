@@ -26,7 +26,7 @@ from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
 from supervisor.config import Config
-from supervisor.ops.logs import log_event
+from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.procmem import TreeMemory
 
 log = logging.getLogger("supervisor")
@@ -334,8 +334,16 @@ def _split_keeper(child: Child, pids: list[int]) -> tuple[list[str], list[str]]:
     others: list[str] = []
     for pid in pids:
         text = describe_pid(pid)
+        if gone(text, pid):
+            continue  # gone, or exiting, since the group was listed (a keeper that just emptied it, say)
         (keeper if pid == child.keeper_pid or KEEPER_TITLE in text else others).append(text)
     return keeper, others
+
+
+def gone(text: str, pid: int) -> bool:
+    """Whether `describe_pid`'s `text` says the process is gone or exiting (no command line left: a
+    process whose memory is already released shows none, keepers on their way out among them)."""
+    return text == str(pid) or text.endswith(": ")
 
 
 def describe_pid(pid: int) -> str:
@@ -345,7 +353,7 @@ def describe_pid(pid: int) -> str:
         text = f"{pid} {proc.name()}: {' '.join(proc.cmdline())}"
     except psutil.Error:
         return str(pid)
-    return text[:200]
+    return scrub(text)[:200]  # a command line may carry the key: scrubbed before it is cut
 
 
 def death_cause(exitcode: int | None, oom: bool | None = None, killed_by_daemon: bool = False) -> str:

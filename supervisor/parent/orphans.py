@@ -6,6 +6,12 @@ daemon instead of init. Our real children are few and known: the multiprocessing
 resource tracker (multiprocessing waitpid()s them itself; handler children are the forkserver's, not
 ours). So we list our direct children from /proc and only ever waitpid() a pid that is not a known one;
 never waitpid(-1), which could steal a status multiprocessing is waiting for.
+
+What the daemon adopts is attributed to the child it came from (`owner`: the process group it stayed in,
+else the job mark its environment carries from exec): counted in that child's memory (`family_memory`)
+and stopped when that child goes (`stop_owned`). A job's own processes are stopped by the child when the
+job ends (supervisor.child.group.JobProcesses); what the handler's module started in a forkserver at
+its import is stopped at shutdown (`kill_forkserver_strays`). No child is ever made a subreaper.
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable
-from logging import WARNING
+from logging import INFO, WARNING
 
-from supervisor.child.group import KEEPER_TITLE
+from supervisor.child import forkservers
+from supervisor.child.group import JOB_MARK_ENV, KEEPER_TITLE, process_stat, stop_processes
 from supervisor.ops.logs import log_event
-from supervisor.parent.childproc import describe_pid, multiprocessing_helper_pids
+from supervisor.ops.procmem import TreeMemory, descendants, tree_memory
+from supervisor.parent.childproc import describe_pid, gone, multiprocessing_helper_pids
 
 log = logging.getLogger("supervisor")
 
@@ -113,7 +122,7 @@ def kill_adopted(known_pids: Iterable[int] = (), grace: float = 3.0) -> list[str
     ours and go with their group)."""
     live = [pid for pid, state in adopted(known_pids).items() if state != "Z"]
     described = {pid: describe_pid(pid) for pid in live}
-    escaped = [text for text in described.values() if KEEPER_TITLE not in text]
+    escaped = [text for pid, text in described.items() if KEEPER_TITLE not in text and not gone(text, pid)]
     if escaped:
         log_event(log, WARNING, "killing processes that escaped their child's process group", processes=escaped,
                   grace=grace)
@@ -150,3 +159,82 @@ def _kill_until_gone(known_pids: Iterable[int], timeout: float) -> None:
             return
         _signal_all(live, signal.SIGKILL)
         time.sleep(0.02)
+
+
+# -- attributing what the daemon adopts to the child it came from -------------------------------------
+_MARK = re.compile(rb"(?:^|\x00)" + JOB_MARK_ENV.encode() + rb"=(\d+)\.\d+(?:\x00|$)")
+_owners: dict[tuple[int, int], int | None] = {}  # (pid, start time) -> the child pid it came from (None: none)
+
+
+def owner(pid: int) -> int | None:
+    """The pid of the child an adopted process came from: the process group it is in (`&`, nohup, a double
+    fork leave it there), or else the job mark in its environment (what a job or a child's start-up
+    exec'd, in a session of its own or not). None: no child's."""
+    st = process_stat(pid)
+    if st is None:
+        return None
+    key = (pid, st[3])
+    if key not in _owners:
+        found: int | None = None
+        if st[2] != os.getpgid(0) and st[2] != pid:
+            found = st[2]
+        else:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    m = _MARK.search(f.read())
+                found = int(m.group(1)) if m else None
+            except OSError:
+                found = None
+        if len(_owners) > 10_000:
+            _owners.clear()
+        _owners[key] = found
+    return _owners[key]
+
+
+def owned_by(child_pid: int) -> tuple[int, ...]:
+    """The live adopted processes that came from the child `child_pid` (not below it any more)."""
+    return tuple(pid for pid, state in adopted().items() if state != "Z" and owner(pid) == child_pid)
+
+
+def family_memory(pid: int, exclude: frozenset[int] = frozenset(), pss_above: int | None = None) -> TreeMemory | None:
+    """The memory a child answers for: its tree, and what left the tree but came from it (`owned_by`)."""
+    return tree_memory(pid, exclude, pss_above, owned_by(pid))
+
+
+def stop_owned(child_pid: int, grace: float) -> list[int]:
+    """SIGTERM what the child `child_pid` (gone now) left outside its tree and group, SIGKILL it after
+    `grace` (on a timer: the loop does not wait); return the pids."""
+    pids = [p for p in owned_by(child_pid) if process_stat(p) is not None]
+    stop_processes(pids, grace, wait=0.0)
+    return pids
+
+
+def kill_forkserver_strays(grace: float = 3.0) -> list[str]:
+    """At shutdown, after the children are stopped: what still runs below a forkserver was started by the
+    handler's module at its import (--preload). SIGTERM it, wait up to `grace`, SIGKILL the rest; returns
+    what was stopped (described)."""
+    strays = [p for server in forkservers.pids() for p in (descendants(server) or []) if _running(p)]
+    if not strays:
+        return []
+    described = [describe_pid(p) for p in strays]
+    log_event(log, INFO, "stopping processes the handler's module started at its import", processes=described)
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_running(p) for p in strays):
+        time.sleep(0.05)
+    for pid in strays:
+        if _running(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    return described
+
+
+def _running(pid: int) -> bool:
+    state = _state_and_ppid(pid)
+    return state is not None and state[0] != "Z"

@@ -24,9 +24,10 @@ from supervisor.config import Config
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
-from supervisor.ops.procmem import TreeMemory, tree_memory
+from supervisor.ops.procmem import TreeMemory
 from supervisor.parent.childproc import Child, death_cause, kill_group, shared_env, signal_child, spawn_child
 from supervisor.parent.facts import ChildLost, ChildReady, Fact, JobDone, JobReturned, JobSettled, JobStarted
+from supervisor.parent.orphans import family_memory, stop_owned
 
 log = logging.getLogger("supervisor")
 
@@ -54,7 +55,7 @@ class ChildPool:
     about them and answers with facts (see the module docstring)."""
 
     def __init__(self, cfg: Config, sel: selectors.BaseSelector, hooks: NullHooks, memory: MemorySource | None = None,
-                 measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = tree_memory):
+                 measure: Callable[[int, frozenset[int], int | None], TreeMemory | None] = family_memory):
         self.cfg = cfg
         self.memory = memory  # where the kernel's OOM kills are counted; None: they are not
         self.measure = measure  # the memory of a child's process tree (PSS above the cap, else RSS)
@@ -312,6 +313,7 @@ class ChildPool:
         facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
         child.proc.join(0)
         kill_group(child)  # what its handler left in its process group goes too, before any new child starts
+        stop_owned(child.pid or 0, self.cfg.kill_grace)  # and what it started in sessions of their own
         cause = self._death_cause(child)
         was_starting = child.starting or child.stop_reason == "boot_failed"
         if child.held_id is not None:  # sent ahead and never started: it waits for another child
@@ -356,6 +358,7 @@ class ChildPool:
                 signal_child(child, signal.SIGKILL)
                 child.proc.join(2.0)
             kill_group(child)
+            stop_owned(child.pid or 0, self.cfg.kill_grace)
             self._forget(child)
 
     # ------------------------------------------------------------ inside

@@ -21,7 +21,7 @@ from supervisor.backoff import backoff
 from supervisor.client import rest as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
-from supervisor.ops.logs import log_event
+from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import (
     ChildLost,
@@ -133,7 +133,7 @@ class Settling:
             if out.ok:
                 log_event(log, INFO, "job completed", **fields)
             else:
-                log_event(log, WARNING, "job failed", error=str(out.value)[:300], **fields)
+                log_event(log, WARNING, "job failed", error=scrub(str(out.value))[:300], **fields)
                 return self._expect_retry(entry, now) + tell_child(entry, "failed", str(out.value))
             return tell_child(entry, "completed")
         if isinstance(error, (api.LeaseLost, api.AlreadyFinished)):

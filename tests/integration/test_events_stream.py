@@ -156,3 +156,50 @@ def test_an_event_that_never_ends_is_malformed():
     with pytest.raises(ValueError):
         for _ in range(2000):
             parser.feed(b"data: " + b"x" * 1000 + b"\n")
+
+
+def test_a_flooding_stream_holds_the_reader_for_one_bounded_read_per_turn():
+    """A peer that answers 200 and then sends comment lines as fast as the socket takes them: each turn
+    reads at most READ_BUDGET bytes and returns, so the loop goes on turning."""
+    import threading
+
+    from supervisor.client import events
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def flood():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+        block = b":\n" * 32768
+        try:
+            while not stop.is_set():
+                conn.sendall(block)
+        except OSError:
+            pass
+        conn.close()
+
+    server = threading.Thread(target=flood, daemon=True)
+    server.start()
+    api = SpooledAPI(f"http://127.0.0.1:{listener.getsockname()[1]}", Secret("sp_test_abcdefghijkl"))
+    sel = selectors.DefaultSelector()
+    conn = EventsConnection(api, sel, events_path(api, ["q"]))
+    try:
+        conn.connect(socket.getaddrinfo("127.0.0.1", listener.getsockname()[1], type=socket.SOCK_STREAM)[0],
+                     time.monotonic())
+        turns, longest, opened = 0, 0.0, False
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            for key, mask in sel.select(0.1):
+                began = time.monotonic()
+                opened |= ("open",) in key.data[1].on_ready(mask, time.monotonic())
+                longest = max(longest, time.monotonic() - began)
+                turns += 1
+        assert opened and turns > 20
+        assert longest < 0.25, f"one turn held the reader {longest:.3f}s (budget {events.READ_BUDGET} bytes)"
+    finally:
+        stop.set()
+        conn.close()
+        sel.close()
+        listener.close()

@@ -68,3 +68,33 @@ def test_an_api_outage_fails_readiness_never_liveness(tmp_path, outage):
             os.kill(server.proc.pid, signal.SIGCONT)
         d.stop()
         server.stop()
+
+
+@pytest.mark.timeout(90)
+def test_idle_clients_on_the_health_port_cost_no_threads_and_block_no_answers(dev_server, daemon_factory):
+    """400 connections that each send half a request and wait: the parent's thread count stays as it was,
+    /healthz keeps answering, and a job still runs (children can start)."""
+    import socket
+    import time
+
+    d = daemon_factory("q-idle-clients", procs=1, worker_id="w-idle-clients",
+                       args=["--health-port", "0", "--health-host", "127.0.0.1"]).wait_ready()
+    port = d.health_port()
+    wait_until(lambda: answer(port, "/healthz").status_code == 200, timeout=10, what="/healthz 200")
+    threads = len(os.listdir(f"/proc/{d.proc.pid}/task"))
+    socks = []
+    try:
+        for _ in range(400):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        for _ in range(10):
+            started = time.monotonic()
+            assert answer(port, "/healthz").status_code == 200
+            assert time.monotonic() - started < 2
+        assert len(os.listdir(f"/proc/{d.proc.pid}/task")) <= threads
+        job = dev_server.enqueue("q-idle-clients", {"do": "echo"})
+        wait_until(lambda: dev_server.job(job)["status"] == "completed", timeout=20, what="the job completed")
+    finally:
+        for s in socks:
+            s.close()

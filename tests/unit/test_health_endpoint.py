@@ -186,3 +186,98 @@ def test_status_table_names_every_queue_and_every_slot():
     assert [line.split()[:3] for line in text.splitlines() if line[:1].isdigit()] == [["0", "5", "busy"],
                                                                                       ["1", "-", "failing"]]
     assert "slot 1 failing to start (3 in a row, retries in 4.0s): ImportError: no" in text
+
+
+def half_requests(port: int, count: int) -> list:
+    """`count` loopback connections that each sent half a request head and wait."""
+    import socket
+
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        socks.append(s)
+    return socks
+
+
+@pytest.mark.timeout(60)
+def test_answers_keep_coming_while_hundreds_of_idle_clients_hold_sockets(server):
+    import threading
+    import time
+
+    threads_before = threading.active_count()
+    socks = half_requests(server.port, 300)
+    try:
+        for _ in range(20):  # each answered at once, though 300 clients wait mid-request
+            started = time.monotonic()
+            assert get(server, "/healthz").status_code == 200
+            assert time.monotonic() - started < 2.0
+        assert threading.active_count() == threads_before  # one serving thread, whatever the clients hold
+        from supervisor.ops import health
+
+        assert server.connection_count() <= health.MAX_CONNECTIONS
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_request_that_does_not_come_whole_in_time_is_closed(server, monkeypatch):
+    import time
+
+    from supervisor.ops import health
+
+    monkeypatch.setattr(health, "REQUEST_TIMEOUT", 0.5)
+    idle, dribble = half_requests(server.port, 2)
+    started = time.monotonic()
+    dribble.settimeout(0.1)
+    closed = False
+    while time.monotonic() - started < 5:  # one byte every 100 ms: each read is quick, the head never ends
+        try:
+            dribble.sendall(b"X")
+            if dribble.recv(100) == b"":
+                closed = True
+                break
+        except TimeoutError:
+            continue
+        except OSError:
+            closed = True
+            break
+    assert closed and time.monotonic() - started < 3
+    idle.settimeout(3)
+    assert idle.recv(100) == b""  # the silent one too
+    idle.close()
+    dribble.close()
+    assert get(server, "/healthz").status_code == 200
+
+
+def raw_exchange(port: int, data: bytes, until: bytes) -> bytes:
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        out = b""
+        while until not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def test_kept_alive_and_pipelined_requests_are_answered_in_order(server):
+    two = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n\r\n"
+    out = raw_exchange(server.port, two, b"not found")
+    assert out.startswith(b"HTTP/1.1 200") and out.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 404" in out
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 20000 + b"\r\n\r\n", b"431"),
+    (b"POST /drain HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", b"411"),
+    (b"POST /drain HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n", b"413"),
+    (b"POST /drain HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", b"400"),
+])
+def test_requests_it_will_not_read_get_an_answer_and_a_close(server, request_bytes, status):
+    out = raw_exchange(server.port, request_bytes, b"\n}")
+    assert out.split(b" ")[1] == status
+    assert get(server, "/healthz").status_code == 200

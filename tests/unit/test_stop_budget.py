@@ -137,7 +137,7 @@ def test_a_shorter_grace_period_fails(tmp_path):
 @pytest.mark.parametrize("old,new,named", [
     ("terminationGracePeriodSeconds: 60", "terminationGracePeriodSeconds: soon",
      "deployment.yaml: spec.template.spec.terminationGracePeriodSeconds must be a whole number"),
-    ('value: "25"', 'value: "25 s"', "deployment.yaml: env SPOOLED_DRAIN_TIMEOUT must be a number"),
+    ('value: "25"', 'value: "25 s"', "deployment.yaml: env SPOOLED_DRAIN_TIMEOUT must be between 0 and 86400, got '"),
     ('["python", "-m", "supervisor", "drain"]', '["sleep", "5"]', "deployment.yaml: lifecycle.preStop.exec.command"),
 ])
 def test_a_malformed_manifest_value_names_file_and_field(tmp_path, old, new, named):
@@ -152,7 +152,7 @@ def test_a_malformed_manifest_value_names_file_and_field(tmp_path, old, new, nam
 @pytest.mark.parametrize("old,new,named", [
     ("TimeoutStopSec=45", "TimeoutStopSec=45 parsecs", "spooled-supervisor.service: TimeoutStopSec= is not"),
     ("SPOOLED_DRAIN_TIMEOUT=25", "SPOOLED_DRAIN_TIMEOUT=-4",
-     "spooled-supervisor.service: Environment= SPOOLED_DRAIN_TIMEOUT must be a number, 0 or more"),
+     "spooled-supervisor.service: Environment= SPOOLED_DRAIN_TIMEOUT must be between 0 and 86400"),
 ])
 def test_a_malformed_unit_value_names_file_and_field(tmp_path, old, new, named):
     path = tmp_path / "spooled-supervisor.service"
