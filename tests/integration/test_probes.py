@@ -79,7 +79,7 @@ def test_idle_clients_on_the_health_port_cost_no_threads_and_block_no_answers(de
 
     d = daemon_factory("q-idle-clients", procs=1, worker_id="w-idle-clients",
                        args=["--health-port", "0", "--health-host", "127.0.0.1"]).wait_ready()
-    port = d.health_port()
+    port = d.health_port
     wait_until(lambda: answer(port, "/healthz").status_code == 200, timeout=10, what="/healthz 200")
     threads = len(os.listdir(f"/proc/{d.proc.pid}/task"))
     socks = []
