@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from . import devtools
+from . import devtools, ui
 from . import handlers as h
 from .errors import HttpError
 from .faults import RequestStats
@@ -67,6 +67,7 @@ ROUTES = [
     ("POST", "/api/v1/queues/{name}/resume", h.resume_queue, API),
     ("GET", "/api/v1/queues/{name}/config", h.get_queue_config, API),
     ("PUT", "/api/v1/queues/{name}/config", h.put_queue_config, API),
+    *ui.ROUTES,  # the web UI and the local routes it reads
 ]
 NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
 
