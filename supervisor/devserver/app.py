@@ -70,6 +70,7 @@ ROUTES = [
     *ui.ROUTES,  # the web UI and the local routes it reads
 ]
 NO_AUTH = {h.create_org}  # open registration, as REGISTRATION_MODE=open
+QUERY_TOKEN = {h.sse_events}  # routes that also take `?token=` / `?api_key=` (the browser's EventSource, WebSocket)
 
 
 class Router:
@@ -153,10 +154,16 @@ class App:
         self.stats = RequestStats()  # /api/v1 requests per organization, for GET /_dev/stats
         self.router = Router(ROUTES)
         self.requests = devtools.RequestLog()  # GET /_dev/requests
-        self.events = Broadcaster()  # GET /api/v1/events
+        self.events = Broadcaster()  # GET /api/v1/events, /api/v1/ws
+        store.listeners.append(self.events.on_fact)
 
-    def authenticate(self, headers) -> str:
+    def authenticate(self, headers, query: dict | None = None) -> str:
+        """The organization of the request's credentials: the `Authorization: Bearer` header, or, given the
+        `query` of a realtime route, its `token` / `api_key` parameter (as the real server allows there only)."""
         auth = headers.get("authorization")
+        if not auth and query:
+            token = (query.get("token") or query.get("api_key") or [""])[-1]
+            auth = "Bearer " + token if token else None
         if not auth or not auth.startswith("Bearer "):
             raise HttpError(401, "UNAUTHORIZED", "Missing or invalid Authorization header")
         token = auth[7:].strip()
@@ -184,7 +191,8 @@ class App:
                 version = req.headers.get("x-api-version")
                 if kind == API and version is not None and version.strip() != "1":
                     raise HttpError(400, "BAD_REQUEST", "Unsupported API version; only X-API-Version: 1 exists")
-                req.org = None if fn in NO_AUTH else self.authenticate(req.headers)
+                req.org = None if fn in NO_AUTH else self.authenticate(
+                    req.headers, req.query if fn in QUERY_TOKEN else None)
                 if kind == API:
                     org = req.org or "public"
                     if self.limiter is not None:

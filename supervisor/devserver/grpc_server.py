@@ -142,7 +142,7 @@ class Backend:
 
     def __init__(self, store: Store, cfg, faults, limiter=None, events=None):
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
-        self.events = events  # the REST app's realtime.Broadcaster: jobs enqueued here are announced there too
+        self.events = events  # the REST app's realtime.Broadcaster (the store announces what changes here too)
 
     def authenticate(self, context) -> str:
         md = {k.lower(): v for k, v in context.invocation_metadata()}
@@ -186,8 +186,6 @@ class Backend:
              "scheduled_at": req.scheduled_at.ToNanoseconds() / 1e9 if req.HasField("scheduled_at") else None,
              "idempotency_key": req.idempotency_key or None, "tags": dumps(dict(req.tags)) if req.tags else None}
         jid, created = self.store.create_job(org, j)
-        if created and self.events is not None:
-            self.events.job_created(org, jid, req.queue_name, req.priority)
         return pb.EnqueueResponse(job_id=jid, created=created)
 
     def claim(self, org: str, queue: str, worker_id: str, lease: int, limit: int) -> list[pb.Job]:

@@ -18,6 +18,7 @@ from .validate import Body, check_hostname, check_queue_name, check_worker_id
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
 SIXTY_FOUR_K = 64 * 1024
+MAX_STREAMS_PER_ORG = 100  # open event streams (and, apart, WebSockets) per organization
 
 
 def parse_json(req, optional: bool = False):
@@ -192,9 +193,7 @@ def create_job(app, req):
     b = body(req)
     queue = b.queue_name()
     fields = _job_fields(app, b, queue)
-    jid, created = app.store.create_job(req.org, fields)
-    if created:
-        app.events.job_created(req.org, jid, queue, fields.get("priority") or 0)
+    jid, created = app.store.create_job(req.org, fields)  # the store announces job.created
     return (201 if created else 200), {"id": jid, "created": created}, None
 
 
@@ -211,18 +210,12 @@ def bulk_create(app, req):
             items.append((i, _job_fields(app, Body(raw), queue, defaults)))
         except HttpError as e:
             items.append((i, e))
-    answer = app.store.bulk_create(req.org, items)
-    for done in answer["succeeded"]:
-        if done["created"]:
-            fields = items[done["index"]][1]
-            priority = fields.get("priority") if isinstance(fields, dict) else None
-            app.events.job_created(req.org, done["job_id"], queue, priority or 0)
-    return 200, answer, None
+    return 200, app.store.bulk_create(req.org, items), None
 
 
-def sse_events(app, req):
-    """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
-    `queue` must be a valid queue name (400), `events` a comma-separated list of event names to keep."""
+def event_filter(app, req) -> tuple[str | None, set[str] | None, str | None]:
+    """The realtime filters of `/api/v1/events` and `/api/v1/ws`: `queue` (a valid queue name, else 400),
+    `events` (comma-separated names to keep) and `job_id`; 404 with `--events off`, 503 while refusing."""
     if not app.cfg.events:
         raise HttpError(404, "NOT_FOUND", "No route matches this path")
     if app.events.refusing():
@@ -232,7 +225,17 @@ def sse_events(app, req):
         check_queue_name(queue, "queue")
     names = req.query.get("events", [None])[0]
     wanted = {n.strip().lower() for n in names.split(",") if n.strip()} if names else None
-    return 200, EventStream(app.events, app.events.subscribe(req.org, queue, wanted)), None
+    job_id = req.query.get("job_id", [None])[0] or None
+    return queue, wanted, job_id
+
+
+def sse_events(app, req):
+    """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
+    at most MAX_STREAMS_PER_ORG open at once per organization (429), as the real server caps them."""
+    queue, wanted, job_id = event_filter(app, req)
+    if app.events.count_for(req.org, raw=False) >= MAX_STREAMS_PER_ORG:
+        raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many SSE connections")
+    return 200, EventStream(app.events, app.events.subscribe(req.org, queue, wanted, job_id)), None
 
 
 def event_streams(app, req):

@@ -1,12 +1,18 @@
-"""Server-sent events for `GET /api/v1/events`, answered as the real server does since 0.1.114.
+"""Realtime events: the job lifecycle as the real server names and shapes them, for `GET /api/v1/events`
+(server-sent events, answered as the real server does since 0.1.114) and the WebSocket (websocket.py).
 
 Contract:
-- Each event is a named SSE event, `event: <name>` (`job.created`, `system.health`, ...), whose one
-  `data:` line is the `{"type": "<Variant>", "data": {...}}` envelope; `JobCreated` carries `job_id`,
-  `queue_name`, `priority` and `timestamp` (RFC 3339).
-- A subscriber sees only its organization's events, and with `?queue=` only that queue's job events;
-  `?events=a,b` keeps only those names (`*` keeps all). Every HEALTH_EVERY seconds the stream sends
-  `system.health` if the filter keeps it, else a `:keepalive` comment, so a silent connection is a dead one.
+- `Broadcaster.on_fact` is a Store listener: each committed state change becomes the real server's event
+  (docs/events.md has the table): `job.created` (JobCreated), `job.status` (JobStatusChange: claimed,
+  failed, retried, cancelled, released), `job.completed` (JobCompleted), `job.failed` (JobFailed),
+  `worker.registered` (WorkerRegistered) and `worker.deregistered` (WorkerDeregistered).
+- Each event is a named SSE event, `event: <name>`, whose one `data:` line is the
+  `{"type": "<Variant>", "data": {...}}` envelope; `timestamp` is RFC 3339.
+- A subscriber sees only its organization's events; with `?queue=` only events of that queue (an event
+  without a queue, such as `worker.deregistered`, is then left out), with `?job_id=` only that job's;
+  `?events=a,b` keeps only those names (`*` keeps all). The stream opens with a `:connected` comment.
+  Every HEALTH_EVERY seconds it sends `system.health` if the filter keeps it, else a `:keepalive`
+  comment, so a silent connection is a dead one.
 - A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
   (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
   with 503 for a while).
@@ -21,6 +27,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import orjson
+
 from supervisor import exactjson
 
 from .store import ts
@@ -31,28 +39,38 @@ HEALTH_EVERY = 10.0  # seconds between system.health events (or keep-alive comme
 MAX_STREAM = 1800.0  # seconds a stream lasts at most
 TICK = 1.0  # seconds between checks that the client is still there
 _END = object()
+Fragment = orjson.Fragment
 
 
 class Subscriber:
-    """One open stream's filter and its buffer of encoded events."""
+    """One open stream's (or WebSocket's) filter and its buffer of events: encoded SSE frames, or with
+    `raw` the (name, variant, data) triples. `wake`, if set, is called after each item is buffered."""
 
-    def __init__(self, org: str, queue_name: str | None, names: set[str] | None):
-        self.org, self.queue_name, self.names = org, queue_name, names
+    def __init__(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None = None,
+                 raw: bool = False, wake: Callable[[], None] | None = None):
+        self.org, self.queue_name, self.names, self.job_id = org, queue_name, names, job_id
+        self.raw, self.wake = raw, wake
         self.buffer: queue.Queue = queue.Queue(maxsize=BUFFER)
         self.dropped = 0
 
-    def wants(self, org: str, name: str, queue_name: str | None) -> bool:
-        if org != self.org:
+    def wants_name(self, name: str) -> bool:
+        return self.names is None or name in self.names or "*" in self.names
+
+    def wants(self, org: str, name: str, queue_name: str | None, job_id: str | None = None) -> bool:
+        if org != self.org or not self.wants_name(name):
             return False
-        if self.names is not None and name not in self.names and "*" not in self.names:
+        if self.queue_name is not None and queue_name != self.queue_name:
             return False
-        return self.queue_name is None or queue_name is None or queue_name == self.queue_name
+        return self.job_id is None or job_id == self.job_id
 
     def offer(self, item) -> None:
         try:
             self.buffer.put_nowait(item)
         except queue.Full:
             self.dropped += 1
+            return
+        if self.wake is not None:
+            self.wake()
 
 
 class Broadcaster:
@@ -64,11 +82,21 @@ class Broadcaster:
         self.published = 0
         self._refuse_until = 0.0
 
-    def subscribe(self, org: str, queue_name: str | None, names: set[str] | None) -> Subscriber:
-        sub = Subscriber(org, queue_name, names)
+    def subscribe(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None = None,
+                  raw: bool = False, wake: Callable[[], None] | None = None) -> Subscriber:
+        sub = Subscriber(org, queue_name, names, job_id, raw, wake)
         with self._lock:
             self._subs.add(sub)
         return sub
+
+    def add(self, sub: Subscriber) -> None:
+        with self._lock:
+            self._subs.add(sub)
+
+    def count_for(self, org: str, raw: bool) -> int:
+        """How many of the organization's subscribers are WebSockets (`raw`) or event streams."""
+        with self._lock:
+            return sum(1 for s in self._subs if s.org == org and s.raw == raw)
 
     def unsubscribe(self, sub: Subscriber) -> None:
         with self._lock:
@@ -79,18 +107,27 @@ class Broadcaster:
             return len(self._subs)
 
     def publish(self, org: str, name: str, variant: str, data: dict) -> None:
-        queue_name = data.get("queue_name")
+        queue_name, job_id = data.get("queue_name"), data.get("job_id")
         with self._lock:
-            subs = [s for s in self._subs if s.wants(org, name, queue_name)]
+            subs = [s for s in self._subs if s.wants(org, name, queue_name, job_id)]
             self.published += 1
         if subs:
-            frame = encode(name, variant, data)
+            frame = None
             for sub in subs:
-                sub.offer(frame)
+                if sub.raw:
+                    sub.offer((name, variant, data))
+                else:
+                    frame = frame or encode(name, variant, data)
+                    sub.offer(frame)
 
-    def job_created(self, org: str, job_id: str, queue_name: str, priority: int) -> None:
-        self.publish(org, "job.created", "JobCreated", {"job_id": job_id, "queue_name": queue_name,
-                                                        "priority": priority, "timestamp": ts(time.time())})
+    def on_fact(self, org: str, fact: str, data: dict) -> None:
+        """A Store listener: publish the realtime events of one committed state change (the module's table).
+        With no subscriber nothing is built: a claim or a completion costs one length check here."""
+        if not self._subs:
+            self.published += 1
+            return
+        for name, variant, event in realtime_events(fact, data, ts(time.time()) or ""):
+            self.publish(org, name, variant, event)
 
     def refusing(self) -> bool:
         return time.monotonic() < self._refuse_until
@@ -104,6 +141,47 @@ class Broadcaster:
         for sub in subs:
             sub.offer(_END)
         return len(subs)
+
+
+def _status(job_id: str, queue: str, old: str, new: str, now: str) -> tuple[str, str, dict]:
+    return "job.status", "JobStatusChange", {"job_id": job_id, "queue_name": queue, "old_status": old,
+                                             "new_status": new, "timestamp": now}
+
+
+def realtime_events(fact: str, d: dict, now: str) -> list[tuple[str, str, dict]]:
+    """The (name, variant, data) realtime events of one Store fact, fields in the real server's order.
+
+    `job.started` (a claim), `job.released` (a lease lost to expiry, an offline or deregistered worker) and
+    `job.dependency_failed` have no event of their own on the real server: they are told as `job.status`.
+    Queue pauses and schedule fires have no realtime event (only webhooks).
+    """
+    if fact == "job.created":
+        return [("job.created", "JobCreated", {"job_id": d["job_id"], "queue_name": d["queue_name"],
+                                                "priority": d["priority"], "timestamp": now})]
+    if fact == "job.started":
+        return [_status(d["job_id"], d["queue_name"], "pending", "processing", now)]
+    if fact == "job.completed":
+        done = {"job_id": d["job_id"], "queue_name": d["queue_name"], "duration_ms": d["duration_ms"],
+                "timestamp": now}
+        if d.get("result") is not None:
+            done["result"] = Fragment(d["result"])
+        return [("job.completed", "JobCompleted", done)]
+    if fact == "job.failed":
+        return [_status(d["job_id"], d["queue_name"], "processing", d["new_status"], now),
+                ("job.failed", "JobFailed", {"job_id": d["job_id"], "queue_name": d["queue_name"],
+                                             "error": d["error"], "retry_count": d["retry_count"],
+                                             "timestamp": now})]
+    if fact == "job.released":
+        return [_status(d["job_id"], d["queue_name"], "processing", d["new_status"], now)]
+    if fact in ("job.cancelled", "job.retried", "job.dependency_failed"):
+        new = {"job.cancelled": "cancelled", "job.retried": "pending"}.get(fact) or d["new_status"]
+        return [_status(d["job_id"], d["queue_name"], d["old_status"], new, now)]
+    if fact == "worker.registered":
+        return [("worker.registered", "WorkerRegistered", {"worker_id": d["worker_id"],
+                                                           "queue_name": d["queue_name"], "timestamp": now})]
+    if fact == "worker.deregistered":
+        return [("worker.deregistered", "WorkerDeregistered", {"worker_id": d["worker_id"], "timestamp": now})]
+    return []
 
 
 def encode(name: str, variant: str, data: dict) -> bytes:
@@ -129,6 +207,8 @@ class EventStream(Streamed):
         started = time.monotonic()
         next_health = started + self.health_every
         try:
+            if not send(chunk(b":connected\n\n")):
+                return
             while not gone():
                 now = time.monotonic()
                 if now - started >= self.max_stream:
@@ -137,7 +217,7 @@ class EventStream(Streamed):
                     next_health = now + self.health_every
                     beat = (encode("system.health", "SystemHealth", {"database": True, "redis": False,
                                                                       "timestamp": ts(time.time())})
-                            if self.sub.wants(self.sub.org, "system.health", None) else b":keepalive\n\n")
+                            if self.sub.wants_name("system.health") else b":keepalive\n\n")
                     if not send(chunk(beat)):
                         return
                 try:

@@ -17,9 +17,11 @@ import math
 import os
 import random
 import sqlite3
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 
 import orjson
@@ -244,6 +246,8 @@ class Store:
         self._key_cache: dict[str, str] = {}
         self.closed = False
         self.changed = JobsChanged()
+        # Called after each committed state change with (org, fact, data): realtime events, webhooks.
+        self.listeners: list[Callable[[str, str, dict], None]] = []
 
     # ---- plumbing ----
     @contextmanager
@@ -270,6 +274,16 @@ class Store:
     def read(self, sql: str, args: tuple = ()) -> list:
         """One read statement's rows (for the UI's local routes: supervisor.devserver.ui)."""
         return self._read(sql, args)
+
+    def _emit(self, facts: list[tuple[str, str, dict]]) -> None:
+        """Tell every listener what a committed transaction changed, as (org, fact, data) (the facts are listed
+        in docs/events.md); a listener's error is logged, never raised into the request that made the change."""
+        for listener in self.listeners:
+            for org, name, data in facts:
+                try:
+                    listener(org, name, data)
+                except Exception as e:
+                    print(f"warning: event listener failed on {name}: {e!r}", file=sys.stderr, flush=True)
 
     def ping(self) -> bool:
         try:
@@ -373,6 +387,8 @@ class Store:
                            "metadata, version, id, organization_id, current_jobs, status, last_heartbeat, "
                            "registered_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,0,'healthy',?,?,?)",
                            (*args, wid, org, now, now, now))
+        self._emit([(org, "worker.registered", {"worker_id": wid, "queue_name": w["queue_name"],
+                                                 "hostname": w["hostname"]})])
         return wid
 
     def worker_heartbeat(self, org: str, wid: str, current_jobs: int, status: str, metadata: str | None) -> None:
@@ -390,11 +406,15 @@ class Store:
         with self._tx() as db:
             if not db.execute("SELECT 1 FROM workers WHERE id=? AND organization_id=?", (wid, org)).fetchone():
                 raise not_found("Worker not found")
-            cur = db.execute("UPDATE jobs SET status='pending', assigned_worker_id=NULL, lease_id=NULL, "
-                             "lease_expires_at=NULL, updated_at=? WHERE assigned_worker_id=? AND "
-                             "organization_id=? AND status='processing'", (now, wid, org))
+            released = db.execute("UPDATE jobs SET status='pending', assigned_worker_id=NULL, lease_id=NULL, "
+                                  "lease_expires_at=NULL, updated_at=? WHERE assigned_worker_id=? AND "
+                                  "organization_id=? AND status='processing' RETURNING id, queue_name",
+                                  (now, wid, org)).fetchall()
             db.execute("UPDATE workers SET status='offline', updated_at=? WHERE id=?", (now, wid))
-            return cur.rowcount
+        facts = [(org, "job.released", {"job_id": jid, "queue_name": q, "new_status": "pending"})
+                 for jid, q in released]
+        self._emit([*facts, (org, "worker.deregistered", {"worker_id": wid})])
+        return len(released)
 
     def list_workers(self, org: str) -> list[dict]:
         rows = self._read("SELECT " + ", ".join(WORKER_COLS) + " FROM workers WHERE organization_id=? "
@@ -416,7 +436,7 @@ class Store:
             return DEFAULT_MAX_RETRIES, DEFAULT_TIMEOUT
         return (DEFAULT_MAX_RETRIES if row[0] is None else row[0]), (DEFAULT_TIMEOUT if row[1] is None else row[1])
 
-    def _insert_job(self, db, org: str, j: dict, now: float) -> tuple[str, bool]:
+    def _insert_job(self, db, org: str, j: dict, now: float, facts: list | None = None) -> tuple[str, bool]:
         key = j.get("idempotency_key")
         if key is not None:
             row = db.execute("SELECT id FROM jobs WHERE organization_id=? AND idempotency_key=?", (org, key)).fetchone()
@@ -446,27 +466,35 @@ class Store:
                    (jid, org, j["queue_name"], status, j["payload"], max_retries, now, sched, j.get("expires_at"),
                     j.get("priority") or 0, j.get("tags"), timeout, parent, j.get("completion_webhook"),
                     j.get("completion_webhook_secret"), key, now, deps))
+        if facts is not None:
+            facts.append((org, "job.created", {"job_id": jid, "queue_name": j["queue_name"],
+                                               "priority": j.get("priority") or 0, "status": status}))
         return jid, True
 
     def create_job(self, org: str, j: dict) -> tuple[str, bool]:
+        facts: list = []
         with self._tx() as db:
-            return self._insert_job(db, org, j, time.time())
+            out = self._insert_job(db, org, j, time.time(), facts)
+        self._emit(facts)
+        return out
 
     def bulk_create(self, org: str, items: list[tuple[int, dict | HttpError]]) -> dict:
         """items: list of (index, job dict) or (index, HttpError). All in one transaction."""
         succeeded, failed = [], []
         now = time.time()
+        facts: list = []
         with self._tx() as db:
             for index, item in items:
                 if isinstance(item, HttpError):
                     failed.append({"index": index, "error": item.body["message"]})
                     continue
                 try:
-                    jid, created = self._insert_job(db, org, item, now)
+                    jid, created = self._insert_job(db, org, item, now, facts)
                 except HttpError as e:
                     failed.append({"index": index, "error": e.body["message"]})
                     continue
                 succeeded.append({"index": index, "job_id": jid, "created": created})
+        self._emit(facts)
         return {"succeeded": succeeded, "failed": failed, "total": len(items),
                 "success_count": len(succeeded), "failure_count": len(failed)}
 
@@ -495,6 +523,9 @@ class Store:
             rows = db.execute(_CLAIM, (worker_id, prefix, expires, now, now, org, queue, org, queue, now, now,
                                        limit)).fetchall()
         rows.sort(key=lambda r: (-r[7], r[8]))
+        if rows and self.listeners:
+            self._emit([(org, "job.started", {"job_id": r[0], "queue_name": r[1], "worker_id": worker_id})
+                        for r in rows])
         return rows, expires
 
     def _classify_miss(self, db, org, job_id, worker_id, now, expired_msg):
@@ -518,14 +549,22 @@ class Store:
     def complete(self, org: str, job_id: str, worker_id: str, lease_id: str, result: str | None) -> None:
         now = time.time()
         with self._tx() as db:
-            cur = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? "
-                             + self._FENCE, (result, now, now, job_id, org, worker_id, now, lease_id))
-            if cur.rowcount == 0:
+            done = db.execute("UPDATE jobs SET status='completed', result=?, completed_at=?, updated_at=? "
+                              + self._FENCE + " RETURNING queue_name, started_at, completion_webhook, "
+                              "completion_webhook_secret", (result, now, now, job_id, org, worker_id, now,
+                                                            lease_id)).fetchone()
+            if done is None:
                 raise self._classify_miss(db, org, job_id, worker_id, now, "Job lease expired before completion")
             db.execute("UPDATE workers SET jobs_processed=jobs_processed+1 WHERE id=? AND organization_id=?",
                        (worker_id, org))
             db.execute("UPDATE jobs SET dependencies_met=1, updated_at=? WHERE parent_job_id=? AND "
                        "dependencies_met=0", (now, job_id))
+        if self.listeners:
+            queue, started, hook, secret = done
+            self._emit([(org, "job.completed", {
+                "job_id": job_id, "queue_name": queue, "result": result,
+                "duration_ms": 0 if started is None else max(0, int((now - started) * 1000)),
+                "completion_webhook": hook, "completion_webhook_secret": secret})])
 
     def fail(self, org: str, job_id: str, worker_id: str, lease_id: str, error: str) -> bool:
         """Retry with backoff min(2^n,60)s + 0-499 ms jitter, or dead-letter. Returns True if retried."""
@@ -537,12 +576,14 @@ class Store:
         `Fail.retry: false`); `count_dead` also counts the attempt when dead-lettering (gRPC always does)."""
         now = time.time()
         with self._tx() as db:
-            row = db.execute("SELECT retry_count, max_retries, payload, queue_name FROM jobs " + self._FENCE,
+            row = db.execute("SELECT retry_count, max_retries, payload, queue_name, completion_webhook, "
+                             "completion_webhook_secret FROM jobs " + self._FENCE,
                              (job_id, org, worker_id, now, lease_id)).fetchone()
             if not row:
                 raise self._classify_miss(db, org, job_id, worker_id, now,
                                           "Job lease expired before failure was reported")
-            rc, mr, payload, queue = row
+            rc, mr, payload, queue, hook, secret = row
+            facts: list = []
             will_retry, delay = retry and rc < mr, 0.0
             if will_retry:
                 delay = min(2 ** min(rc, 6), 60) + random.randint(0, 499) / 1000.0
@@ -552,12 +593,18 @@ class Store:
             else:
                 if count_dead:
                     db.execute("UPDATE jobs SET retry_count=retry_count+1 WHERE id=?", (job_id,))
-                self._dead_letter(db, org, job_id, queue, payload, error, rc + int(count_dead), now)
+                self._dead_letter(db, org, job_id, queue, payload, error, rc + int(count_dead), now, facts)
             db.execute("UPDATE workers SET jobs_failed=jobs_failed+1 WHERE id=? AND organization_id=?",
                        (worker_id, org))
-            return will_retry, delay
+        facts.insert(0, (org, "job.failed", {
+            "job_id": job_id, "queue_name": queue, "error": error,
+            "retry_count": rc + int(will_retry or count_dead), "new_status": "pending" if will_retry else "deadletter",
+            "completion_webhook": hook, "completion_webhook_secret": secret}))
+        self._emit(facts)
+        return will_retry, delay
 
-    def _dead_letter(self, db, org, job_id, queue, payload, error, retries, now):
+    def _dead_letter(self, db, org, job_id, queue, payload, error, retries, now, facts: list):
+        """Dead-letter one job; what that changes besides the job itself is appended to `facts`."""
         db.execute("UPDATE jobs SET status='deadletter', last_error=?, assigned_worker_id=NULL, lease_id=NULL, "
                    "lease_expires_at=NULL, updated_at=? WHERE id=?", (error, now, job_id))
         db.execute("INSERT INTO dead_letter_queue VALUES (?,?,?,?,?,?,?,?)",
@@ -664,7 +711,9 @@ class Store:
                 raise not_found("Job not found")
             if row[0] not in ("pending", "scheduled"):
                 raise conflict("Job cannot be cancelled (not in pending or scheduled state)")
-            db.execute("UPDATE jobs SET status='cancelled', updated_at=? WHERE id=?", (now, job_id))
+            (queue,) = db.execute("UPDATE jobs SET status='cancelled', updated_at=? WHERE id=? RETURNING queue_name",
+                                  (now, job_id)).fetchone()
+        self._emit([(org, "job.cancelled", {"job_id": job_id, "queue_name": queue, "old_status": row[0]})])
 
     def _revive(self, db, job_ids: list[str], now: float) -> None:
         for jid in job_ids:
@@ -682,11 +731,13 @@ class Store:
             if row[0] not in ("failed", "deadletter"):
                 raise conflict(f"Job cannot be retried (status is {row[0]}; only failed or deadletter jobs can be)")
             self._revive(db, [job_id], now)
-            return job_dict(db.execute(_JOB_SELECT + " WHERE id=?", (job_id,)).fetchone())
+            job = job_dict(db.execute(_JOB_SELECT + " WHERE id=?", (job_id,)).fetchone())
+        self._emit([(org, "job.retried", {"job_id": job_id, "queue_name": job["queue_name"], "old_status": row[0]})])
+        return job
 
     def dlq_retry(self, org: str, queue: str | None, job_ids: list[str] | None, limit: int) -> dict:
         now = time.time()
-        sql = "SELECT id FROM jobs WHERE organization_id=? AND status='deadletter'"
+        sql = "SELECT id, queue_name FROM jobs WHERE organization_id=? AND status='deadletter'"
         args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
@@ -697,8 +748,11 @@ class Store:
         sql += " ORDER BY created_at LIMIT ?"
         args.append(limit)
         with self._tx() as db:
-            ids = [r[0] for r in db.execute(sql, args).fetchall()]
+            rows = db.execute(sql, args).fetchall()
+            ids = [r[0] for r in rows]
             self._revive(db, ids, now)
+        self._emit([(org, "job.retried", {"job_id": jid, "queue_name": q, "old_status": "deadletter"})
+                    for jid, q in rows])
         return {"retried_count": len(ids), "retried_jobs": ids, "skipped_jobs": [], "job_ids": ids}
 
     def dlq_purge(self, org: str, queue: str | None, older_than: float | None, limit: int) -> int:
@@ -798,6 +852,7 @@ class Store:
             s.update({"paused": True, "paused_at": ts(now), "paused_at_epoch": now, "paused_reason": reason})
             db.execute("UPDATE queue_config SET enabled=0, settings=?, updated_at=? WHERE organization_id=? AND "
                        "queue_name=?", (dumps(s), now, org, queue))
+        self._emit([(org, "queue.paused", {"queue_name": queue, "reason": reason})])
         return {"queue_name": queue, "paused": True, "paused_at": ts(now), "reason": reason}
 
     def resume_queue(self, org: str, queue: str) -> dict:
@@ -814,6 +869,7 @@ class Store:
                 s.pop(k, None)
             db.execute("UPDATE queue_config SET enabled=1, settings=?, updated_at=? WHERE organization_id=? AND "
                        "queue_name=?", (dumps(s), now, org, queue))
+        self._emit([(org, "queue.resumed", {"queue_name": queue})])
         return {"queue_name": queue, "resumed": True, "paused_duration_secs": int(now - since) if since else 0}
 
     def delete_queue(self, org: str, queue: str, delete_jobs: bool) -> None:
@@ -879,18 +935,24 @@ class Store:
                        (now, now))
             rows = db.execute("SELECT id, organization_id, queue_name, retry_count, max_retries, payload FROM jobs "
                               "WHERE status='processing' AND lease_expires_at<=?", (now,)).fetchall()
-            self._recover(db, rows, now, "Lease expired (worker timeout)",
-                          "Max retries exceeded after lease expiration")
+            facts = self._recover(db, rows, now, "Lease expired (worker timeout)",
+                                  "Max retries exceeded after lease expiration")
+        self._emit(facts)
         return len(rows)
 
-    def _recover(self, db, rows, now, retry_msg, dead_msg):
+    def _recover(self, db, rows, now, retry_msg, dead_msg) -> list:
+        """Processing jobs whose holder is gone back to pending (or dead-lettered); the facts to emit."""
+        facts: list = []
         for jid, org, queue, rc, mr, payload in rows:
             if rc < mr:
                 db.execute("UPDATE jobs SET status='pending', retry_count=retry_count+1, last_error=?, "
                            "assigned_worker_id=NULL, lease_id=NULL, lease_expires_at=NULL, updated_at=? WHERE id=?",
                            (retry_msg, now, jid))
+                facts.append((org, "job.released", {"job_id": jid, "queue_name": queue, "new_status": "pending"}))
             else:
-                self._dead_letter(db, org, jid, queue, payload, dead_msg, rc, now)
+                facts.append((org, "job.released", {"job_id": jid, "queue_name": queue, "new_status": "deadletter"}))
+                self._dead_letter(db, org, jid, queue, payload, dead_msg, rc, now, facts)
+        return facts
 
     def reap_stale_workers(self, offline_after: float) -> tuple[int, int]:
         """Workers silent for `offline_after` s go offline; processing jobs of offline workers are recovered."""
@@ -902,7 +964,9 @@ class Store:
                               "FROM jobs j JOIN workers w ON w.id=j.assigned_worker_id AND "
                               "w.organization_id=j.organization_id WHERE j.status='processing' AND "
                               "w.status='offline'").fetchall()
-            self._recover(db, rows, now, "Worker went offline", "Max retries exceeded after worker went offline")
+            facts = self._recover(db, rows, now, "Worker went offline",
+                                  "Max retries exceeded after worker went offline")
+        self._emit(facts)
         return n, len(rows)
 
     # ---- dev tools: lose a lease on demand (POST /_dev/leases/{id}/expire | steal) ----

@@ -5,10 +5,10 @@
 
 const KEY = "spooled-dev-key";
 const STATUSES = ["pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled"];
-// The realtime events that change what the UI shows (the real server's names); any of them refreshes the view.
-const LIVE_EVENTS = ["job.created", "job.started", "job.completed", "job.failed", "job.retried",
-                     "job.dead_lettered", "job.deadlettered", "job.cancelled", "queue.paused", "queue.resumed",
-                     "worker.registered", "worker.deregistered"];
+// The realtime events that change what the UI shows, as the real server names them (a start, a retry, a
+// dead-letter and a lost lease are all `job.status`); any of them refreshes the view.
+const LIVE_EVENTS = ["job.created", "job.status", "job.completed", "job.failed", "worker.registered",
+                     "worker.deregistered"];
 const PAGE = 25;
 const POLL_MS = 2000;  // while no events stream is open
 const SLOW_POLL_MS = 10000;  // while one is (heartbeat ages, workers)
