@@ -31,6 +31,7 @@ FOLDER = ".spooled"
 STATE = "dev.json"
 DEFAULT_DB = f"{FOLDER}/dev.db"
 SOLO_WORKER = "dev-solo"
+STARTUP_GRACE = 30.0  # seconds a daemon asked to stop during its start-up has to get ready, then it is killed
 
 EPILOG = f"""\
 Other commands find a running `dev` on their own: `enqueue` and `status` with no --api-url / --port (and no
@@ -167,16 +168,13 @@ class Dev:
         self.stops = 0
         self.renderer = Renderer()
         self.daemon: subprocess.Popen | None = None
+        self.state_path = self.cwd / FOLDER / STATE
         self.started = time.monotonic()
 
     def on_signal(self, signum: int, frame: object) -> None:
+        """Ctrl-C or SIGTERM: only noted here; `supervise` passes it on to the daemon."""
         self.stops += 1
         self.stop.set()
-        if self.daemon is not None and self.daemon.poll() is None:
-            try:  # the first asks for a drain, a second for a stop now (as `run` takes them)
-                self.daemon.send_signal(signal.SIGTERM)
-            except OSError:
-                pass
 
     def check_args(self) -> None:
         a = self.args
@@ -235,7 +233,7 @@ class Dev:
         url = f"http://{shown}:{port}"
         sweeper = Sweeper(store, 1.0, 3600.0 if self.args.solo else 120.0).start()
         serve_in_thread(server)
-        state_path = folder / STATE
+        self.state_path = state_path = folder / STATE
         try:
             return self.session(url, key, state_path)
         finally:
@@ -282,7 +280,10 @@ class Dev:
         a = self.args
         cmd = [sys.executable, "-m", "supervisor", "run", "--handler", a.handler, "--queue", queue, "--api-url", url,
                "--procs", str(a.procs), "--health-port", str(health_port), "--log-format", "json", "--log-level",
-               "DEBUG", "--poll-interval", "1", "--drain-timeout", "10"]
+               "DEBUG", "--poll-interval", "1", "--drain-timeout", "10",
+               # no job is claimed ahead and held for a busy child: a job enqueued after a save runs on a child
+               # that has the new code whenever one is idle
+               "--prefetch", "0"]
         if a.watch:
             cmd.append("--watch")
             if a.watch_path:
@@ -291,12 +292,44 @@ class Dev:
         # its own session: Ctrl-C reaches this process only, which asks the daemon to drain
         self.daemon = subprocess.Popen(cmd, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-        assert self.daemon.stdout is not None
-        for text in self.daemon.stdout:
+        reader = threading.Thread(target=self.show, args=(self.daemon.stdout,), name="daemon-output", daemon=True)
+        reader.start()
+        state = json.loads(self.state_path.read_text())
+        write_state(self.state_path, dict(state, daemon_pid=self.daemon.pid))
+        try:
+            code = self.wait_daemon(self.daemon)
+        finally:
+            reader.join(5.0)
+            try:  # what it left in its group (a forkserver it had no time to stop) would hold its output open
+                os.killpg(self.daemon.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return code
+
+    def wait_daemon(self, daemon: subprocess.Popen) -> int:
+        """Until the daemon exits: each stop asked of `dev` becomes a SIGTERM to it (the first drains, a second
+        stops at once, as `run` takes them), sent once it is ready (a signal during its start-up is not
+        acted on); a daemon that never gets ready is killed STARTUP_GRACE seconds after the first."""
+        sent = 0
+        asked_at = None
+        while True:
+            try:
+                return daemon.wait(0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stops > sent and (self.renderer.ready or self.stops > 1):
+                sent = self.stops
+                daemon.send_signal(signal.SIGTERM)
+            if self.stop.is_set():
+                asked_at = asked_at or time.monotonic()
+                if not self.renderer.ready and time.monotonic() - asked_at > STARTUP_GRACE:
+                    daemon.kill()
+
+    def show(self, stream) -> None:
+        for text in stream:
             shown = self.renderer.line(text)
             if shown is not None:
                 print(shown, flush=True)
-        return self.daemon.wait()
 
     def solo(self, url: str, key: str, queue: str) -> int:
         """Claim and run one job at a time in this process (breakpoint() works); stop on Ctrl-C."""

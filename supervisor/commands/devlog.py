@@ -46,6 +46,7 @@ class Renderer:
     def __init__(self, full_error: Callable[[str], str | None] = lambda job_id: None) -> None:
         self.completed = 0
         self.failed = 0
+        self.ready = False  # the daemon said it is ready (its signal handling is in place)
         self.full_error = full_error  # a job's whole last_error (the log line's is cut short)
 
     def line(self, text: str) -> str | None:
@@ -77,6 +78,8 @@ class Renderer:
             where = user_frame(self.full_error(str(job)) or error)
             return f"{stamp} x {short(job)} failed in {ms}: {error.splitlines()[0] if error else '?'}" + \
                 (f" (at {where})" if where else "")
+        if msg == "ready":
+            self.ready = True
         if level == "debug":
             return None
         extra = f" ({e['error']})" if e.get("error") else ""
