@@ -20,6 +20,7 @@ SCRIPT = "spooled-supervisor"  # the console script pyproject.toml installs
 SUBCOMMANDS = {
     "run": ("supervisor.commands.run", "run the supervisor daemon (default)"),
     "dev-server": ("supervisor.devserver.cli", "serve the Spooled REST API from SQLite"),
+    "dev": ("supervisor.commands.dev", "your handler + a local dev server with a web UI, reloading on save"),
     "demo": ("supervisor.commands.demo", "dev server + demo jobs + daemon, with live progress"),
     "enqueue": ("supervisor.commands.enqueue", "submit jobs to a Spooled API"),
     "status": ("supervisor.commands.status", "show a running daemon's children from its health port"),

@@ -97,6 +97,8 @@ class Config:
     share_api_key: bool = False  # children get SPOOLED_API_KEY and SPOOLED_API_URL
     child_init: str | None = None  # module:function each child calls once, after the handler's import
     child_exit_grace: float = 2.0  # seconds a leaving child has for its `stopped` hooks, atexit and logging
+    watch: bool = False  # reload the children when the handler's code changes (supervisor.commands.watch)
+    watch_paths: tuple[str, ...] = ()  # more paths to watch
 
     @property
     def first_queue(self) -> str:
@@ -238,6 +240,14 @@ def parse_worker_id(text: str) -> str:
     return text
 
 
+def parse_paths(text: str) -> tuple[str, ...]:
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    for p in paths:
+        if not os.path.exists(p):
+            raise ValueError(f"names {p!r}, which does not exist")
+    return paths
+
+
 def parse_text(text: str) -> str:
     if not text.strip():
         raise ValueError("must not be empty")
@@ -341,6 +351,11 @@ OPTIONS: tuple[Option, ...] = (
            f"gRPC; grpc needs {GRPC_EXTRA_HINT}; default rest", "rest|grpc"),
     Option("--grpc-url", "SPOOLED_GRPC_URL", parse_grpc_url, DEFAULT_GRPC_URL, "gRPC endpoint HOST:PORT for "
            f"--transport grpc; default {DEFAULT_GRPC_URL}", "HOST:PORT"),
+    Option("--watch", "SPOOLED_WATCH", parse_bool, False, "replace the children (as SIGHUP does) when a Python "
+           "file under the handler's package changes and the handler still imports; the variable takes "
+           "1/true/yes/on or 0/false/no/off", switch=True),
+    Option("--watch-path", "SPOOLED_WATCH_PATH", parse_paths, (), "with --watch, also watch these folders or "
+           "files, comma-separated", "PATH[,PATH...]"),
     Option("--until-empty", "SPOOLED_UNTIL_EMPTY", parse_bool, False, "drain and exit once the queues are "
            "empty; the variable takes 1/true/yes/on or 0/false/no/off", switch=True),
 )
@@ -633,5 +648,6 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
         preload=values["preload"], memory_high=high, memory_max=top, child_init=values["child_init"],
-        child_exit_grace=float(values["child_exit_grace"]),
+        child_exit_grace=float(values["child_exit_grace"]), watch=values["watch"],
+        watch_paths=tuple(values["watch_path"]),
     )

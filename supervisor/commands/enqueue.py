@@ -14,18 +14,22 @@ import sys
 
 from supervisor import cli, exactjson
 from supervisor.child.tracing import TRACE_KEY, carry
-from supervisor.client.rest import ApiError, SpooledAPI, Unauthorized
+from supervisor.client.rest import ApiError, Secret, SpooledAPI, Unauthorized
+from supervisor.commands.dev import FOLDER, STATE, find_running
 from supervisor.config import DEFAULT_API_URL, ConfigError, read_api_key
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("enqueue", description="Submit jobs to a Spooled queue. "
-                   "The key comes from SPOOLED_API_KEY or --api-key-file.")
-    p.add_argument("--queue", required=True, help="queue name")
+                   "The key comes from SPOOLED_API_KEY or --api-key-file. With no --api-url and no SPOOLED_API_URL, "
+                   "a `dev` running in this folder (or one above) is used, with its key and queue (it writes "
+                   f"{FOLDER}/{STATE} while it runs); otherwise {DEFAULT_API_URL}.")
+    p.add_argument("--queue", help="queue name (default: the running dev's)")
     p.add_argument("--payload", required=True, help='job payload as JSON, e.g. \'{"ms": 50}\'')
     p.add_argument("--count", type=int, default=1, help="how many identical jobs (default 1)")
     p.add_argument("--api-url", default=os.environ.get("SPOOLED_API_URL") or None,
-                   help=f"API base URL (SPOOLED_API_URL); default {DEFAULT_API_URL}, Spooled Cloud")
+                   help=f"API base URL (SPOOLED_API_URL); default a running dev's (found through .spooled/dev.json "
+                        f"here or above), else default {DEFAULT_API_URL}, Spooled Cloud")
     p.add_argument("--api-key-file", default=os.environ.get("SPOOLED_API_KEY_FILE"), help="file holding the API key")
     p.add_argument("--api-key", help=argparse.SUPPRESS)
     p.add_argument("--priority", type=int, help="-100..100")
@@ -69,26 +73,25 @@ def failure(exc: ApiError, url: str) -> str:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    payload = read_payload(args)
+    if payload is None:
+        return 2
+    if args.count < 1:
+        sys.stderr.write("error: --count must be 1 or more\n")
+        return 2
+    dev = find_running() if args.api_url is None and not args.api_key_file else None
+    if dev is not None:
+        args.api_url = dev["url"]
+        args.queue = args.queue or dev.get("queue")
+    if not args.queue:
+        sys.stderr.write("error: --queue is required (no dev is running here to take it from)\n")
+        return 2
     if args.api_url is None:
         args.api_url = DEFAULT_API_URL
         sys.stderr.write(f"no --api-url or SPOOLED_API_URL given: using Spooled Cloud ({DEFAULT_API_URL})\n")
     try:
-        payload = exactjson.loads(args.payload)
-    except ValueError as exc:
-        sys.stderr.write(f"error: --payload is not valid JSON: {exc}\n")
-        return 2
-    if args.traceparent is not None:
-        try:
-            payload = carry(payload, args.traceparent)
-        except ValueError as exc:
-            sys.stderr.write(f"error: --traceparent: {exc}\n")
-            return 2
-    if args.count < 1:
-        sys.stderr.write("error: --count must be 1 or more\n")
-        return 2
-    try:
-        key = read_api_key(args, os.environ)
-        client = SpooledAPI(args.api_url, key, attempts=3)
+        key = Secret(dev["api_key"]) if dev is not None else read_api_key(args, os.environ)
+        client = SpooledAPI(args.api_url or DEFAULT_API_URL, key, attempts=3)
     except (ConfigError, ValueError) as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -114,6 +117,22 @@ def main(argv: list[str]) -> int:
         sys.stdout.write("".join(f"{job_id}\n" for job_id in ids))
     sys.stderr.write(f"enqueued {len(ids)} job(s) on {args.queue}\n")
     return 0
+
+
+def read_payload(args: argparse.Namespace) -> object | None:
+    """--payload parsed, with --traceparent carried in; None (the error written) when either is bad."""
+    try:
+        payload = exactjson.loads(args.payload)
+    except ValueError as exc:
+        sys.stderr.write(f"error: --payload is not valid JSON: {exc}\n")
+        return None
+    if args.traceparent is None:
+        return payload
+    try:
+        return carry(payload, args.traceparent)
+    except ValueError as exc:
+        sys.stderr.write(f"error: --traceparent: {exc}\n")
+        return None
 
 
 def id_range(ids: list[str]) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,7 @@ from supervisor.child.forkservers import start_forkserver
 from supervisor.child.lifecycle import CHILD_INIT_ENV, EXIT_GRACE_ENV
 from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.client.transport import Transport
+from supervisor.commands import watch
 from supervisor.config import Config, ConfigError, load_config, parse_queues
 from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
@@ -40,11 +42,18 @@ class HandlerRefused(Exception):
     """The handler could not be imported or is not one; str() is the boot error's text."""
 
 
+NOT_LINUX = ("the daemon runs on Linux only (it uses /proc, prctl and cgroups); elsewhere run it in the container "
+             "image (deploy/) or under WSL2")
+
+
 class ChildInitRefused(HandlerRefused):
     """--child-init could not be imported or is not callable; str() is the one line to show."""
 
 
 def main(argv: list[str]) -> int:
+    if not sys.platform.startswith("linux"):
+        sys.stderr.write(f"error: {NOT_LINUX}\n")
+        return exitcodes.CONFIG
     try:
         cfg = load_config(argv)
     except ConfigError as exc:
@@ -58,17 +67,10 @@ def main(argv: list[str]) -> int:
     setup_logging(cfg.log_format, cfg.log_level, secret=cfg.api_key.value)
     os.environ[child_logs.CHILD_LOGGING_ENV] = child_logs.order(cfg.log_format, cfg.log_level, cfg.child_logging)
     if not cfg.queues or cfg.child_init:
-        try:
-            cfg = take_queue_from_handler(cfg) if not cfg.queues else check_handler(cfg)
-        except ConfigError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            return exitcodes.CONFIG
-        except ChildInitRefused as exc:
-            log_event(log, ERROR, str(exc))
-            return exitcodes.HANDLER_IMPORT
-        except HandlerRefused as exc:
-            log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
-            return exitcodes.HANDLER_IMPORT
+        checked = checked_handler(cfg)
+        if isinstance(checked, int):
+            return checked
+        cfg = checked
     if cfg.api_url_source == "default":
         log_event(log, INFO, "no API URL given (--api-url, SPOOLED_API_URL or the file's api_url): using Spooled "
                   "Cloud", api_url=cfg.api_url, grpc_url=cfg.grpc_url if cfg.transport == "grpc" else None)
@@ -79,6 +81,8 @@ def main(argv: list[str]) -> int:
     if other is not None:
         log_event(log, ERROR, identity.in_use_message(cfg.worker_id, other))
         return exitcodes.WORKER_ID_IN_USE
+    if cfg.watch:  # a save within the second of the last must not be read from a stale .pyc
+        os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     orphans.become_subreaper()  # before the forkserver, so what escapes a child's group comes back to us
     set_group_grace(cfg.kill_grace)
     hand_to_children(cfg)
@@ -91,12 +95,60 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         log.error("cannot serve the health port %s: %s", cfg.health_port, exc)
         return exitcodes.CONFIG
+    watcher = start_watching(cfg) if cfg.watch else None
     try:
         return arbiter.run()
     finally:
         orphans.kill_forkserver_strays(grace=cfg.kill_grace)
+        if watcher is not None:
+            watcher.stop()
         orphans.kill_adopted(grace=cfg.kill_grace)
         hooks.stop()
+
+
+def checked_handler(cfg: Config) -> Config | int:
+    """The import probe for a queue taken from the handler or a --child-init to check: the config to run
+    with, or the exit code (the error logged)."""
+    try:
+        return take_queue_from_handler(cfg) if not cfg.queues else check_handler(cfg)
+    except ConfigError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exitcodes.CONFIG
+    except ChildInitRefused as exc:
+        log_event(log, ERROR, str(exc))
+        return exitcodes.HANDLER_IMPORT
+    except HandlerRefused as exc:
+        log_event(log, ERROR, f"cannot import handler {cfg.handler}: {exc}")
+        return exitcodes.HANDLER_IMPORT
+
+
+def start_watching(cfg: Config) -> watch.Watcher:
+    """--watch: a thread that probes the handler after each save and sends this daemon the SIGHUP a reload
+    sends (the arbiter's loop does the rest, as for `reload`)."""
+    env = probe_env(cfg)
+    roots = watch.handler_roots(cfg.handler, os.getcwd(), cfg.watch_paths)
+
+    def reload() -> None:
+        log_event(log, INFO, "code changed and the handler imports: reloading the children")
+        os.kill(os.getpid(), signal.SIGHUP)
+
+    def report(error: str | None) -> None:
+        if error is None:
+            log_event(log, INFO, "the handler imports again")
+        else:
+            log_event(log, ERROR, "code changed but the handler does not import; the children keep the code they "
+                      "have until a save fixes it", error=error)
+
+    log_event(log, INFO, "watching for code changes", paths=[str(p) for p, _ in roots])
+    return watch.Watcher(cfg.handler, roots, env, None, reload, report).start()
+
+
+def probe_env(cfg: Config) -> dict[str, str]:
+    """The environment a probe of the handler's import runs in: the children's."""
+    env = {k: v for k, v in os.environ.items() if k not in DAEMON_ONLY_ENV}
+    env.update(shared_env(cfg))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the modules the children would find
+    return env
 
 
 def choose_transport(cfg: Config, rest: SpooledAPI, hooks: DaemonHooks) -> Transport:
@@ -192,9 +244,7 @@ def take_queue_from_handler(cfg: Config) -> Config:
 def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:
     """Import the handler in a fresh interpreter with the children's environment; return what it says
     about the handler's SDK worker ({} for a plain function). Raises HandlerRefused."""
-    env = {k: v for k, v in os.environ.items() if k not in DAEMON_ONLY_ENV}
-    env.update(shared_env(cfg))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the modules the children would find
+    env = probe_env(cfg)
     read_end, write_end = os.pipe()
     try:
         init = [cfg.child_init] if cfg.child_init else []

@@ -18,7 +18,9 @@ from supervisor import cli
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = cli.parser("status", description="Show a running supervisor's children (needs its --health-port).")
+    parser = cli.parser("status", description="Show a running supervisor's children (needs its --health-port). "
+                        "With no --health-url, --port or SPOOLED_HEALTH_PORT, the daemon of a `dev` running in this "
+                        "folder (or one above) is shown: `dev` writes its health port to .spooled/dev.json.")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--health-url", help="the daemon's health endpoint, e.g. http://127.0.0.1:8081")
     where.add_argument("--port", type=int, default=None,
@@ -40,7 +42,11 @@ def status_url(args: argparse.Namespace) -> str | None:
     if port is None and os.environ.get("SPOOLED_HEALTH_PORT", "").strip():
         port = int(os.environ["SPOOLED_HEALTH_PORT"])
     if port is None:
-        return None
+        from supervisor.commands.dev import find_running
+
+        dev = find_running()
+        url = dev.get("health_url") if dev else None
+        return f"{url}/status" if url else None
     host = f"[{args.host}]" if ":" in args.host else args.host
     return f"http://{host}:{port}/status"
 

@@ -24,6 +24,7 @@ from . import (
     overview,
     schedules,
     schedules_store,
+    ui,
     webhooks,
     websocket,
     workflows,
@@ -114,6 +115,7 @@ ROUTES = [
     ("GET", "/api/v1/schedules/{id}/history", schedules.history, API),
     *[(method, path, fn, API) for method, path, fn in workflows.ROUTES],
     *[(method, path, fn, API) for method, path, fn in webhooks.ROUTES],
+    *ui.ROUTES,  # the web UI and the local routes it reads
 ]
 # open registration (as REGISTRATION_MODE=open) with its slug helpers, and the auth routes that read their own
 # credentials

@@ -31,6 +31,9 @@ from supervisor import exactjson
 
 from . import dependencies
 from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
+from .history import HISTORY_SCHEMA
+
+SCHEMA_VERSION = 1  # PRAGMA user_version this code writes; a database with a higher one is refused
 
 Fragment = orjson.Fragment
 DEFAULT_MAX_RETRIES = 3
@@ -77,7 +80,7 @@ CREATE TABLE IF NOT EXISTS queue_config(
   organization_id TEXT NOT NULL, queue_name TEXT NOT NULL, id TEXT, max_retries INTEGER, default_timeout INTEGER,
   rate_limit INTEGER, enabled INTEGER NOT NULL DEFAULT 1, settings TEXT, created_at REAL, updated_at REAL,
   PRIMARY KEY(organization_id, queue_name));
-"""
+""" + HISTORY_SCHEMA
 
 JOB_COLS = ("id", "organization_id", "queue_name", "status", "payload", "result", "retry_count", "max_retries",
             "last_error", "created_at", "scheduled_at", "started_at", "completed_at", "expires_at", "priority",
@@ -282,6 +285,23 @@ class JobsChanged:
             return self.version
 
 
+class NewerSchema(ValueError):
+    """The database was written by a newer version of this code (its user_version is higher)."""
+
+
+def split_statements(script: str) -> list[str]:
+    """The script's statements, a trigger's body (BEGIN ...; END) kept whole."""
+    out: list[str] = []
+    part = ""
+    for piece in script.split(";"):
+        part += piece + ";"
+        if sqlite3.complete_statement(part):
+            if part.strip(" \n;"):
+                out.append(part)
+            part = ""
+    return out
+
+
 class Store:
     """The dev server's state. Thread-safe; one instance per process."""
 
@@ -297,11 +317,16 @@ class Store:
             self._db.execute("PRAGMA wal_autocheckpoint=4000")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=OFF")
+        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if found > SCHEMA_VERSION:
+            self._db.close()
+            raise NewerSchema(f"the database has schema version {found}, newer than this spooled-supervisor's "
+                              f"{SCHEMA_VERSION}; upgrade spooled-supervisor or use another database")
         with self._tx() as db:
-            for stmt in (SCHEMA + dependencies.SCHEMA).split(";"):
-                if stmt.strip():
-                    db.execute(stmt)
+            for stmt in split_statements(SCHEMA + ";\n" + dependencies.SCHEMA):
+                db.execute(stmt)
             migrate(db)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.keys = KeyCache()  # verified API keys (supervisor.devserver.keys_store)
         self.closed = False
         self.changed = JobsChanged()
@@ -329,6 +354,10 @@ class Store:
     def _read(self, sql, args=()):
         with self._lock:
             return self._db.execute(sql, args).fetchall()
+
+    def read(self, sql: str, args: tuple = ()) -> list:
+        """One read statement's rows (for the UI's local routes: supervisor.devserver.ui)."""
+        return self._read(sql, args)
 
     def _emit(self, facts: list[tuple[str, str, dict]]) -> None:
         """Tell every listener what a committed transaction changed, as (org, fact, data) (the facts are listed

@@ -102,13 +102,23 @@ class _Reject(Exception):
         self.error = error
 
 
+class Raw:
+    """An answer body sent as these bytes with this Content-Type (a page or an asset), not as JSON."""
+
+    __slots__ = ("data", "content_type")
+
+    def __init__(self, data: bytes, content_type: str):
+        self.data, self.content_type = data, content_type
+
+
 def render(status: int, body, headers: dict, close: bool, head_only: bool = False) -> tuple[bytes, bytes]:
-    """(status line + headers, body bytes) of an answer; JSON body, exact Content-Length."""
-    payload = b"" if body is None or status == 204 else exactjson.dumps(body)
+    """(status line + headers, body bytes) of an answer; JSON body (or a Raw one), exact Content-Length."""
+    raw = isinstance(body, Raw)
+    payload = b"" if body is None or status == 204 else body.data if raw else exactjson.dumps(body)
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}"]
     if status != 204:
         if body is not None:
-            lines.append("Content-Type: application/json")
+            lines.append(f"Content-Type: {body.content_type}" if raw else "Content-Type: application/json")
         lines.append(f"Content-Length: {len(payload)}")
     for k, v in headers.items():
         lines.append(f"{k}: {v}")

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 
+from supervisor.ops import statuspage
 from supervisor.ops.metrics import CONTENT_TYPE, DaemonMetrics
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,8 @@ class _Handler(BaseHTTPRequestHandler):
             if path == "/metrics":
                 body = health.metrics.render().encode()
                 return self._send(200, body, CONTENT_TYPE, head)
+            if path == "/":  # a page of /status for a browser (supervisor.ops.statuspage)
+                return self._send(200, statuspage.PAGE, statuspage.CONTENT_TYPE, head, statuspage.HEADERS)
             if path not in ("/healthz", "/readyz", "/status"):
                 return self._json(404, {"status": "not found", "routes": ROUTES}, head)
             snap = health.snapshot()
@@ -185,9 +188,11 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps(payload, default=str).encode() + b"\n"
         self._send(code, body, "application/json", head)
 
-    def _send(self, code: int, body: bytes, content_type: str, head: bool) -> None:
+    def _send(self, code: int, body: bytes, content_type: str, head: bool, headers: dict | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()

@@ -31,6 +31,8 @@ BAD_VALUES = {
     "SPOOLED_MAX_JOBS_PER_CHILD": ("9" * 4000, "between 0 and 1000000000"),
     "SPOOLED_MAX_MEMORY_PER_CHILD": ("-5", "between 0 and 16777216"),
     "SPOOLED_PRELOAD": ("maybe", "1/true/yes/on or 0/false/no/off"),
+    "SPOOLED_WATCH": ("maybe", "1/true/yes/on or 0/false/no/off"),
+    "SPOOLED_WATCH_PATH": ("/no/such/folder", "does not exist"),
     "SPOOLED_MEMORY_HIGH": ("101%", "between 1% and 100%"),
     "SPOOLED_MEMORY_MAX": ("lots", "whole number of MiB"),
     "SPOOLED_KILL_GRACE": ("1e7", "between 0 and 3600"),
@@ -81,7 +83,8 @@ def test_bad_environment_value_names_the_variable(name):
                                                                            "SPOOLED_UNTIL_EMPTY",
                                                                            "SPOOLED_K8S_DELETION_COST",
                                                                            "SPOOLED_SHARE_API_KEY",
-                                                                           "SPOOLED_PRELOAD")))
+                                                                           "SPOOLED_PRELOAD",
+                                                                           "SPOOLED_WATCH")))
 def test_the_same_bad_value_as_a_flag_names_the_flag(name):
     value, allowed = BAD_VALUES[name]
     flag = next(opt.flag for opt in OPTIONS if opt.env == name)
