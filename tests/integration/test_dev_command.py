@@ -106,9 +106,12 @@ def test_watch_reloads_on_save_keeps_a_running_job_on_old_code_and_survives_a_sy
     assert dev.settled(after)["result"]["version"] == 2  # the old children kept running
     assert dev.count("does not import") == 1  # printed once
 
+    before_fix = {c["pid"] for c in children(dev)}
     write_handler(tmp_path, 4)
     dev.wait_for("the handler imports again", 20)
     wait_until(lambda: dev.count("reloading the children") >= 2, 20, what="the second reload")
+    wait_until(lambda: (now := children(dev)) and all(c["pid"] not in before_fix for c in now), 30,
+               what="every child replaced after the fix")  # a job sent before that may meet an old idle child
     fixed = dev.enqueue('{"n": 4}')
     assert dev.settled(fixed)["result"]["version"] == 4
     assert dev.stop() == 0
