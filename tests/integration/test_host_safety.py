@@ -131,8 +131,10 @@ def test_a_child_that_exits_normally_takes_its_background_processes_along(dev_se
     # The child is recycled after its one job (a clean exit, no signal): its group's leftovers go with it.
     wait_until(lambda: not marked(marker), timeout=10, what="the sleeps of a recycled child to be gone")
     wait_until(lambda: d.events("replacing child"), timeout=5, what="the recycled child")
-    (logged,) = d.events("stopping a child with the processes in its group")
-    assert logged["reason"] == "max_jobs" and len(logged["processes"]) == 2, logged
+    # The child stops what its job left running as the job ends; what it had not yet stopped when it left,
+    # the parent stops with its group (logged): either way nothing is left, and nothing is logged for another cause.
+    for logged in d.events("stopping a child with the processes in its group"):
+        assert logged["reason"] == "max_jobs" and len(logged["processes"]) <= 2, logged
     assert d.proc.poll() is None
 
 
