@@ -125,8 +125,9 @@ def test_health_port_page_lists_the_children(dev, page):
     state = json.loads((dev.folder / ".spooled" / "dev.json").read_text())
     page.goto(state["health_url"] + "/")
     page.wait_for_selector("#children tr")
-    rows = page.inner_text("#children")
-    assert rows.count("idle") == 2 and "shop" in page.inner_text("#facts")
+    # the page polls /status: a child still starting (or one just busy) shows on a later refresh
+    wait_until(lambda: page.inner_text("#children").count("idle") == 2, timeout=20, what="both children idle")
+    assert "shop" in page.inner_text("#facts")
 
 
 def expect_text(page, selector: str, text: str, timeout: float = 10.0) -> None:
