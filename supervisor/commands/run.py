@@ -25,11 +25,11 @@ from supervisor.client.rest import RateLimited, SpooledAPI
 from supervisor.client.transport import Transport
 from supervisor.commands import watch
 from supervisor.config import Config, ConfigError, load_config, parse_queues
-from supervisor.ops.hooks import DaemonHooks
 from supervisor.ops.logs import log_event, setup_logging
 from supervisor.parent import identity, orphans
 from supervisor.parent.arbiter import Arbiter
 from supervisor.parent.childproc import set_group_grace, shared_env
+from supervisor.parent.hooks import DaemonHooks
 
 SECRET_ENV = ("SPOOLED_API_KEY", "SPOOLED_API_KEY_FILE", "CREDENTIALS_DIRECTORY")
 log = logging.getLogger("supervisor")

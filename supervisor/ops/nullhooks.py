@@ -1,4 +1,4 @@
-"""What the parent tells the outside world. `NullHooks` does nothing; `supervisor.ops.hooks.DaemonHooks`
+"""What the parent tells the outside world. `NullHooks` does nothing; `supervisor.parent.hooks.DaemonHooks`
 turns each event into metrics, systemd notify messages and the process title."""
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from queue import SimpleQueue
 from types import FrameType, MappingProxyType
 
 from supervisor import __version__, exitcodes
-from supervisor.client import rest as api
+from supervisor.client import calls as api
 from supervisor.client.transport import BuiltCall, Transport
 from supervisor.config import Config
 from supervisor.ops.budget import stop_budget
@@ -103,7 +103,7 @@ class Arbiter:
     def __init__(self, cfg: Config, client: Transport, hooks: NullHooks | None = None,
                  memory: MemorySource | None = None):
         self.cfg = cfg
-        self.api = client
+        self.transport = client
         self.hooks = hooks or NullHooks()
         self.phase = Phase.STARTING
         self.exit_code: int | None = None  # set by exit_with() only
@@ -124,7 +124,8 @@ class Arbiter:
         # Completes, claims and renewals overlap on kept-alive connections: with 50 ms answers, each
         # connection carries at most 20 requests/s, and 5 ms jobs on one child want 200 a second, so the
         # pool may grow to 8 connections a child (opened only while calls wait for one).
-        self.http = client.loop_client(self.sel, self.wake_w, max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs))
+        self.loop_transport = client.loop_client(self.sel, self.wake_w,
+                                                 max_connections=min(MAX_CONNECTIONS, 8 + 8 * cfg.procs))
         self.pacer = Pacer(self._send, cfg.max_rps)  # the request budget in front of the HTTP client
         self.memory = memory if memory is not None else MemorySource.detect()
         self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
@@ -134,7 +135,7 @@ class Arbiter:
         self.claiming = Claiming(cfg, client, self.submit, self.hooks, self.inflight)
         self.settling = Settling(cfg, client, self.submit, self.hooks, self.inflight)
         self.membership = Membership(cfg, client, self.submit)
-        self.listener = Listener.for_loop(cfg, client, self.sel, self.http, self.wake_w)
+        self.listener = Listener.for_loop(cfg, client, self.sel, self.loop_transport, self.wake_w)
         self._title = ""
         self.next_title_at = 0.0
         self.next_publish_at = 0.0
@@ -178,7 +179,7 @@ class Arbiter:
             self.pool.shutdown()
             signal.set_wakeup_fd(-1)
             self.listener.close()
-            self.http.close()
+            self.loop_transport.close()
         return self.exit_code
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -201,7 +202,7 @@ class Arbiter:
         now = time.monotonic()
         self.loop_at = now
         self.handle_signals(now)
-        self.http.expire(now)
+        self.loop_transport.expire(now)
         self.take_answers(now)
         self.route(self.listener.turn(now, self.may_claim()), now)
         self.pacer.release(now)
@@ -237,7 +238,7 @@ class Arbiter:
         elif source == "sentinel":
             self.reap(obj, time.monotonic())
         elif source == "http":
-            self.http.on_ready(obj, mask, time.monotonic())
+            self.loop_transport.on_ready(obj, mask, time.monotonic())
         elif source == "events":
             self.route(self.listener.on_ready(mask, time.monotonic()), time.monotonic())
 
@@ -248,11 +249,11 @@ class Arbiter:
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
         times = [now + 1.0, self.pool.next_deadline(now), self.settling.next_deadline(),
                  self.claiming.next_deadline(now, may_claim, idle, claim_gate),
-                 self.membership.next_deadline(), self.http.next_deadline(), self.drain_deadline,
+                 self.membership.next_deadline(), self.loop_transport.next_deadline(), self.drain_deadline,
                  self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
             times.append(self.next_title_at)
-        if self.http.has_answers():
+        if self.loop_transport.has_answers():
             times.append(now)
         if self.publish_stale:
             times.append(self.next_publish_at)
@@ -270,12 +271,12 @@ class Arbiter:
         self.pacer.submit(call, followup, first, time.monotonic())
 
     def _send(self, call: BuiltCall, followup: Followup, first: bool) -> None:
-        self.http.submit(followup, call, first)
+        self.loop_transport.submit(followup, call, first)
 
     # ---------------------------------------------------------------- routing
     def take_answers(self, now: float) -> None:
         """Hand each finished API call to its followup; one that raises is logged and recovered, not lost."""
-        for followup, result, error in self.http.done():
+        for followup, result, error in self.loop_transport.done():
             if error is None or not isinstance(error, api.Unavailable):
                 self.membership.api_answered(now)
             if isinstance(error, api.RateLimited):

@@ -26,7 +26,7 @@ from typing import Any
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
-from supervisor.client import rest as api
+from supervisor.client import calls as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event
@@ -69,7 +69,7 @@ class Claiming:
 
     def __init__(self, cfg: Config, client: Transport, submit: Submit, hooks: NullHooks, inflight: InFlight):
         self.cfg = cfg
-        self.api = client  # builds the calls
+        self.transport = client  # builds the calls
         self.submit = submit  # the arbiter's way out to the API
         self.hooks = hooks
         self.inflight = inflight  # every job this worker holds (the table is its own part)
@@ -261,7 +261,7 @@ class Claiming:
         if size <= 0:
             return
         self.claim.start()
-        call = self.api.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
+        call = self.transport.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
         self.submit(call, self.claim.followup(partial(self.on_claim, intake, size, now), self.recover_claim),
                     first=True)
 
@@ -272,7 +272,7 @@ class Claiming:
             return
         for intake in self.queues.values():
             if intake.run_time.value is None:
-                self.submit(self.api.queue_stats_call(intake.name),
+                self.submit(self.transport.queue_stats_call(intake.name),
                             Followup(partial(self.on_history, intake, now), lambda now: None))
 
     def on_history(self, intake: QueueIntake, sent_at: float, stats: Any, error: api.ApiError | None,

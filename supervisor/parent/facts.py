@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from supervisor.client.rest import ApiError
+from supervisor.client.calls import ApiError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 from supervisor import __version__, exitcodes
 from supervisor.backoff import backoff
-from supervisor.client import rest as api
+from supervisor.client import calls as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.budget import DEREGISTER_ATTEMPTS, DEREGISTER_TIMEOUT
@@ -43,7 +43,7 @@ class Membership:
 
     def __init__(self, cfg: Config, client: Transport, submit: Submit):
         self.cfg = cfg
-        self.api = client  # builds the calls
+        self.transport = client  # builds the calls
         self.submit = submit  # the arbiter's HTTP client
         self.registered = False  # the API knows this worker now
         self.registration = OneAtATime()  # a registration on the wire
@@ -91,8 +91,8 @@ class Membership:
         self.register_attempts += 1
         metadata = {"procs": procs, "pid": os.getpid(), "version": __version__, "runtime": "spooled-supervisor",
                     "queues": list(self.cfg.queues), **self.identity}
-        call = self.api.register_call(self.cfg.first_queue, self.cfg.worker_id, self.cfg.hostname, procs, metadata,
-                                      list(self.cfg.queues))
+        call = self.transport.register_call(self.cfg.first_queue, self.cfg.worker_id, self.cfg.hostname, procs,
+                                            metadata, list(self.cfg.queues))
         self.submit(call, self.registration.followup(self.on_register, self.recover_register))
 
     def register_if_due(self, now: float, procs: int) -> None:
@@ -144,7 +144,7 @@ class Membership:
             timeout = min(self.cfg.api_timeout, DEREGISTER_TIMEOUT)
             for attempt in range(1, DEREGISTER_ATTEMPTS + 1):
                 try:
-                    self.api.deregister(self.cfg.worker_id, timeout=timeout)
+                    self.transport.deregister(self.cfg.worker_id, timeout=timeout)
                     log_event(log, INFO, "deregistered", worker_id=self.cfg.worker_id)
                     break
                 except api.Unavailable as exc:
@@ -172,7 +172,7 @@ class Membership:
                     "heartbeat_interval": self.heartbeat_interval}
         if memory is not None:
             metadata["memory"] = memory
-        call = self.api.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
+        call = self.transport.heartbeat_call(self.cfg.worker_id, current_jobs, status, metadata, cpu, mem)
         self.submit(call, self.heartbeat.followup(self.on_heartbeat))
 
     def on_heartbeat(self, answer: Any, error: api.ApiError | None, now: float) -> list[Fact]:
@@ -223,7 +223,7 @@ class Membership:
         if self.row_check_at is None or now < self.row_check_at or self.yielded or not self.row_check.start():
             return
         self.row_check_at = None
-        self.submit(self.api.get_worker_call(self.cfg.worker_id), self.row_check.followup(self.on_row))
+        self.submit(self.transport.get_worker_call(self.cfg.worker_id), self.row_check.followup(self.on_row))
 
     def on_row(self, row: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """The worker row read back: a newer instance on it means yield the worker id to it."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
-from supervisor.client import rest as api
+from supervisor.client import calls as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
 from supervisor.ops.logs import log_event, scrub
@@ -49,7 +49,7 @@ class Settling:
 
     def __init__(self, cfg: Config, client: Transport, submit: Submit, hooks: NullHooks, inflight: InFlight):
         self.cfg = cfg
-        self.api = client  # builds the calls
+        self.transport = client  # builds the calls
         self.submit = submit  # the arbiter's way out to the API
         self.hooks = hooks
         self.inflight = inflight  # every job this worker holds (the table is its own part)
@@ -112,9 +112,9 @@ class Settling:
             return
         out = entry.outcome
         if out.ok:
-            call = self.api.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
+            call = self.transport.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         else:
-            call = self.api.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
+            call = self.transport.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         # entry.report's turn is given back by the table (report_answered) on every path, recover_report's too
         self.submit(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
 
@@ -201,7 +201,7 @@ class Settling:
             self._report(entry)
         for entry in self.inflight.renewals_due(now):
             self.inflight.begin_renewal(entry)
-            call = self.api.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
+            call = self.transport.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
             # entry.renewal's turn is given back by the table (renewed, renewal_failed) on every path that keeps it
             self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
         self.inflight.rescan()

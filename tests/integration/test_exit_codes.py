@@ -19,7 +19,7 @@ def test_repeated_errors_in_the_main_loop_exit_1(dev_server):
     # Polling every 0.2 s keeps the idle loop turning several times a second; listening for events it
     # turns once a second, and a hundred failing turns would take longer than the test waits.
     d = Daemon(dev_server, "q-bug", procs=1, worker_id="w-bug", args=["--wake", "poll"])
-    code = ("import sys; import supervisor.ops.hooks as h; import supervisor.parent.arbiter as a\n"
+    code = ("import sys; import supervisor.parent.hooks as h; import supervisor.parent.arbiter as a\n"
             "def tick(self, now):\n    raise RuntimeError('injected bug in tick')\n"
             "h.DaemonHooks.tick = tick\n"
             "a.LOOP_ERROR_PAUSE = 0.01\n"  # the pauses after the hundred errors add up to 1 s, not 10

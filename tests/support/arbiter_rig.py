@@ -29,11 +29,11 @@ class Rig:
         self.hooks = Hooks()
         self.arb = Arbiter(make_cfg(**cfg), make_api(), self.hooks)
         self.submit = Submit()
-        monkeypatch.setattr(self.arb.http, "submit", lambda followup, call, first=False: self.submit(call, followup,
-                                                                                                     first))
+        monkeypatch.setattr(self.arb.loop_transport, "submit",
+                            lambda followup, call, first=False: self.submit(call, followup, first))
         monkeypatch.setattr(self.arb.pool, "sel", FakeSelector())  # fake children have no file descriptors
         self.deregistered: list[tuple[str, float | None]] = []
-        monkeypatch.setattr(self.arb.api, "deregister", lambda worker_id, timeout=None: self.deregistered.append(
+        monkeypatch.setattr(self.arb.transport, "deregister", lambda worker_id, timeout=None: self.deregistered.append(
             (worker_id, timeout)))
         self.shutdowns = 0
         monkeypatch.setattr(self.arb.pool, "shutdown", self._shutdown)
@@ -42,7 +42,7 @@ class Rig:
         self.shutdowns += 1
 
     def close(self) -> None:
-        self.arb.http.close()
+        self.arb.loop_transport.close()
         self.arb.sel.close()
         os.close(self.arb.wake_r)
         os.close(self.arb.wake_w)

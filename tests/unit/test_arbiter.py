@@ -160,7 +160,7 @@ def test_an_answer_whose_handling_raises_is_recovered(rig, monkeypatch):
 
     good = Followup(lambda result, err, now: [ExitNow(7)], lambda now: [])
     bad = Followup(broken, lambda now: recovered.append(now) or [])
-    monkeypatch.setattr(rig.arb.http, "done", lambda: [(bad, None, None), (good, None, None)])
+    monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(bad, None, None), (good, None, None)])
     rig.arb.take_answers(T0)
     assert recovered == [T0] and rig.arb.exit_code == 7
     assert rig.arb.membership.api_ok_at == T0
@@ -168,13 +168,13 @@ def test_an_answer_whose_handling_raises_is_recovered(rig, monkeypatch):
 
 def test_a_network_failure_is_not_an_api_answer(rig, monkeypatch):
     quiet = Followup(lambda result, err, now: [], lambda now: [])
-    monkeypatch.setattr(rig.arb.http, "done", lambda: [(quiet, None, timeout_error())])
+    monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(quiet, None, timeout_error())])
     rig.arb.take_answers(T0)
     assert rig.arb.membership.api_ok_at is None
-    monkeypatch.setattr(rig.arb.http, "done", lambda: [(quiet, None, error(503))])
+    monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(quiet, None, error(503))])
     rig.arb.take_answers(T0)
     assert rig.arb.membership.api_ok_at is None  # 5xx is Unavailable too
-    monkeypatch.setattr(rig.arb.http, "done", lambda: [(quiet, None, error(404))])
+    monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(quiet, None, error(404))])
     rig.arb.take_answers(T0 + 1)
     assert rig.arb.membership.api_ok_at == T0 + 1
 
@@ -185,7 +185,7 @@ def test_a_429_answer_teaches_the_pacer_and_holds_claims(rig, monkeypatch):
     _, claim, _ = rig.submit.take("claim")
     limited = error(429, "RATE_LIMIT_EXCEEDED", retry_after=2)
     limited.body["limit"] = 10
-    monkeypatch.setattr(rig.arb.http, "done", lambda: [(claim, None, limited)])
+    monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(claim, None, limited)])
     rig.arb.take_answers(T0 + 0.1)
     assert rig.arb.pacer.rate == pytest.approx(9.5) and rig.arb.pacer.rate_limited_answers == 1
     assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.claiming.claim_not_before >= T0 + 2.1
@@ -291,7 +291,7 @@ def test_deregister_is_tried_twice_when_the_api_is_unavailable(rig, monkeypatch)
         tries.append(worker_id)
         raise timeout_error()
 
-    monkeypatch.setattr(rig.arb.api, "deregister", unavailable)
+    monkeypatch.setattr(rig.arb.transport, "deregister", unavailable)
     rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1", "w-1"] and not rig.arb.membership.registered
 
@@ -304,7 +304,7 @@ def test_deregister_refused_is_not_retried(rig, monkeypatch):
         tries.append(worker_id)
         raise error(404, job_route=False)
 
-    monkeypatch.setattr(rig.arb.api, "deregister", refused)
+    monkeypatch.setattr(rig.arb.transport, "deregister", refused)
     rig.arb.exit_with(exitcodes.OK)
     assert tries == ["w-1"] and rig.arb.exit_code == exitcodes.OK
 
@@ -433,7 +433,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
     monkeypatch.setattr(arb.sel, "select", step("select", []))
     for name in ("handle_signals", "take_answers", "send_heartbeat", "feed_children", "check_drain", "update_title"):
         monkeypatch.setattr(arb, name, step(name))
-    monkeypatch.setattr(arb.http, "expire", step("http.expire"))
+    monkeypatch.setattr(arb.loop_transport, "expire", step("http.expire"))
     monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
     monkeypatch.setattr(arb.settling, "enforce", step("jobs.enforce", []))
     monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
@@ -460,7 +460,7 @@ def test_events_go_to_their_owner(rig, monkeypatch):
     child = next(iter(arb.pool.children.values()))
     seen = []
     monkeypatch.setattr(arb.pool, "flush", lambda c: seen.append(("flush", c.slot)))
-    monkeypatch.setattr(arb.http, "on_ready", lambda conn, mask, now: seen.append(("http", conn)))
+    monkeypatch.setattr(arb.loop_transport, "on_ready", lambda conn, mask, now: seen.append(("http", conn)))
     os.write(arb.wake_w, b"xyz")
     arb.on_event(("wake", None), 1)
     with pytest.raises(BlockingIOError):
@@ -501,7 +501,7 @@ def test_answers_waiting_to_be_taken_mean_no_sleep(rig, monkeypatch):
     rig.arb.pool.converge(T0, stopping_for_good=False)
     rig.arb.feed_children(T0)  # a claim on the wire: no claim deadline
     assert rig.arb.next_wakeup(T0 + 5) == T0 + 6  # nothing due: a second at most
-    monkeypatch.setattr(rig.arb.http, "results", [("followup", None, None)])
+    monkeypatch.setattr(rig.arb.loop_transport, "results", [("followup", None, None)])
     assert rig.arb.next_wakeup(T0 + 5) == T0 + 5
 
 

@@ -28,7 +28,7 @@ class IdleDaemon(Sim):
     def __init__(self, listen: bool, poll_interval: float, **kw):
         super().__init__(jobs=0, **kw)
         self.cfg = type(self.cfg)(**{**self.cfg.__dict__, "poll_interval": poll_interval})
-        self.flow = JobParts(self.cfg, self.flow.claiming.api, self._submit, NullHooks())
+        self.flow = JobParts(self.cfg, self.flow.claiming.transport, self._submit, NullHooks())
         self.wake = Wake(listen, ["q"], open_timeout=10.0)
         self.live_at = math.inf  # when the stream being opened answers
         self.ends_at = math.inf  # when the server ends the live stream

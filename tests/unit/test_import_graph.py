@@ -11,8 +11,6 @@ import its own layer and the layers below:
   ops      services any process may use: logs, title, nullhooks (the hooks interface), metrics, health,
            notify, cgroup, procmem, budget, deletion_cost
   config   flags, variables -> Config
-  hooks    ops.hooks: DaemonHooks, which turns what the parent reports into metrics, notify and titles (it
-           needs Config, so it sits above it; the parent knows only the interface, ops.nullhooks)
   child    the child process and its forkserver
   parent   the arbiter and its parts
   top      what wires it together: commands, testing, demo_handlers, __main__
@@ -38,7 +36,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("client", ("supervisor.client",)),
     ("ops", ("supervisor.ops",)),
     ("config", ("supervisor.config",)),
-    ("hooks", ("supervisor.ops.hooks",)),
     ("child", ("supervisor.child",)),
     ("parent", ("supervisor.parent",)),
     ("top", ("supervisor.commands", "supervisor.testing", "supervisor.demo_handlers", "supervisor.__main__")),
@@ -173,5 +170,5 @@ def test_the_daemon_never_imports_the_dev_server_and_the_dev_server_only_the_bas
 
 def test_the_checks_catch_a_cycle_and_an_upward_arrow():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer_of("supervisor.parent.arbiter") > layer_of("supervisor.ops.hooks") > layer_of("supervisor.ops.logs")
+    assert layer_of("supervisor.parent.hooks") > layer_of("supervisor.config") > layer_of("supervisor.ops.logs")
     assert layer_of("supervisor.proto.spooled_pb2") == 0 and layer_of("supervisor.devserver.app") is None

@@ -9,8 +9,8 @@ import tempfile
 import pytest
 
 from supervisor.config import load_config
-from supervisor.ops import hooks as hooks_module
 from supervisor.ops.notify import Notifier
+from supervisor.parent import hooks as hooks_module
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import requests
 
-from supervisor.ops import hooks as hooks_module
 from supervisor.ops.health import liveness
+from supervisor.parent import hooks as hooks_module
 
 
 # ---------------------------------------------------------------- health

@@ -1,0 +1,234 @@
+"""The parent's job parts in-process: their CPU per job, with no socket, no child and no server.
+
+    python benchmarks/bench_parts.py                    # 20000 jobs per row, five rounds, a few seconds
+    python benchmarks/bench_parts.py --jobs 5000 --rounds 3
+
+Rows:
+  parts   a fake loop drives the job parts as the arbiter does, turn by turn on a fake clock: claim
+          answers (a batch of up to 100 jobs, answered at the next turn), hand-outs to two fake children,
+          their outcomes the turn after, the reports and their answers. The figure is the CPU per job
+          from the claim's answer to the report's acknowledgement (the loop's own cost is in it too).
+  frames  the frames one job costs on the wire between the parent and a child: the parent encodes the
+          job frame, the child decodes it, encodes its `done`, the parent decodes that into its fact.
+
+Each row runs `--rounds` times; the figure is the median (us per job). The script measures whichever
+tree it is run from (`--root PATH` measures another checkout, e.g. a `git worktree` of an older commit,
+with this interpreter), so a before-and-after comparison runs both in one go:
+
+    python benchmarks/bench_parts.py --root ../before --root .
+
+Prints a table and one JSON line; `--json PATH` also writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent.parent
+JOB = {"id": "", "queue_name": "q", "payload": {"ms": 0, "text": "x" * 40}, "retry_count": 0, "max_retries": 3,
+       "timeout_seconds": 300, "lease_id": "", "lease_expires_at": "2026-12-01T07:30:00.123Z"}
+
+
+class FakeChild:
+    def __init__(self, slot: int) -> None:
+        self.slot, self.pid, self.job_id = slot, 10_000 + slot, None
+
+
+class Api:
+    """Builds the calls (the real REST client) and answers each one the next turn."""
+
+    def __init__(self, jobs: int) -> None:
+        from supervisor.client.rest import Secret, SpooledAPI
+        self.builder = SpooledAPI("http://127.0.0.1:9", Secret("sp_bench"))
+        self.left = jobs
+        self.pending: list[tuple[Any, Any]] = []
+        self.settled = 0
+        self.next_id = 0
+
+    def submit(self, call: Any, followup: Any, first: bool = False) -> None:
+        self.pending.append((call, followup))
+
+    def answer(self, call: Any) -> Any:
+        if call.route == "claim":
+            size = min(self.left, json.loads(call.body)["limit"])
+            self.left -= size
+            out = []
+            for _ in range(size):
+                self.next_id += 1
+                out.append({**JOB, "id": f"j{self.next_id}", "lease_id": f"L{self.next_id}"})
+            return out
+        if call.route in ("complete", "fail"):
+            self.settled += 1
+        return None
+
+
+def cfg() -> Any:
+    from supervisor.client.rest import Secret
+    from supervisor.config import Config
+    return Config(api_url="http://127.0.0.1:9", api_key=Secret("sp_bench"), queues=("q",), handler="m:f",
+                  worker_id="w-bench", hostname="bench", procs=2, lease=30, poll_interval=1.0, prefetch=None)
+
+
+def parts_old(jobs: int) -> float:
+    """The layout with Claiming, Settling and the in-flight table wired by the arbiter."""
+    from supervisor.ops.nullhooks import NullHooks
+    from supervisor.parent.claiming import Claiming
+    from supervisor.parent.facts import JobDone, JobReissued, QueueFreed, RetryDue
+    from supervisor.parent.inflight import InFlight
+    from supervisor.parent.settling import Settling
+
+    c, api = cfg(), Api(jobs)
+    inflight = InFlight(c.lease)
+    claiming = Claiming(c, api.builder, api.submit, NullHooks(), inflight)
+    settling = Settling(c, api.builder, api.submit, NullHooks(), inflight)
+
+    def route(facts: Any, now: float) -> None:
+        for fact in facts or ():
+            if isinstance(fact, QueueFreed):
+                claiming.gave_work(fact.queue, now, fact.duration)
+            elif isinstance(fact, RetryDue):
+                claiming.retry_due(fact.queue, fact.at)
+            elif isinstance(fact, JobReissued):
+                route(settling.lease_lost(fact.old, "again", now), now)
+
+    children = [FakeChild(0), FakeChild(1)]
+    now = 1000.0
+    t0 = time.process_time()
+    while api.settled < jobs:
+        now += 0.001
+        pending, api.pending = api.pending, []
+        for call, followup in pending:
+            route(followup.answer(api.answer(call), None, now), now)
+        for child in children:
+            if child.job_id is not None:
+                route(settling.job_done(JobDone(child.slot, child.job_id, True, {"ok": 1}), now), now)
+                child.job_id = None
+        route(settling.enforce(now), now)
+        for child, entry in claiming.assignments([ch for ch in children if ch.job_id is None]):
+            child.job_id = entry.id
+            claiming.started(entry, child, now)
+        settling.send_reports()
+        claiming.maybe_claim(now, sum(1 for ch in children if ch.job_id is None), 2, True, True, None)
+    return (time.process_time() - t0) / jobs * 1e6
+
+
+def parts_wing(jobs: int) -> float:
+    """The layout with the jobs wing: the arbiter takes its turn's orders and calls."""
+    from supervisor.parent.jobs import Jobs, TurnInput
+
+    from supervisor.ops.nullhooks import NullHooks
+    from supervisor.parent.facts import Give, JobDone, Send
+
+    c, api = cfg(), Api(jobs)
+    wing = Jobs(c, api.builder, NullHooks())
+    children = [FakeChild(0), FakeChild(1)]
+    by_slot = {ch.slot: ch for ch in children}
+
+    def route(out: Any) -> None:
+        for item in out or ():
+            if isinstance(item, Send):
+                api.submit(item.call, item.followup, item.first)
+            elif isinstance(item, Give):
+                by_slot[item.slot].job_id = item.job.id
+
+    now = 1000.0
+    t0 = time.process_time()
+    while api.settled < jobs:
+        now += 0.001
+        pending, api.pending = api.pending, []
+        for call, followup in pending:
+            route(followup.answer(api.answer(call), None, now))
+        for child in children:
+            if child.job_id is not None:
+                job_id, child.job_id = child.job_id, None
+                route(wing.take(JobDone(child.slot, job_id, True, {"ok": 1}), now))
+        route(wing.enforce(now))
+        idle = [ch for ch in children if ch.job_id is None]
+        route(wing.turn(TurnInput(now, idle, (), may_claim=True, may_send_ahead=False, budget_ok=True, rate=None,
+                                  procs=2)))
+    return (time.process_time() - t0) / jobs * 1e6
+
+
+def frames_old(jobs: int) -> float:
+    from supervisor import exactjson
+    from supervisor.child import wire
+    job = {**JOB, "id": "j1", "lease_id": "L1"}
+    t0 = time.process_time()
+    for _ in range(jobs):
+        down = wire.encode({"t": "job", "job": job})
+        got = exactjson.loads(memoryview(down)[4:])
+        up = wire.encode({"t": "done", "id": got["job"]["id"], "ok": True, "result": {"ok": 1}})
+        msg = exactjson.loads(memoryview(up)[4:])
+        assert msg.get("t") == "done" and bool(msg.get("ok"))
+    return (time.process_time() - t0) / jobs * 1e6
+
+
+def frames_typed(jobs: int) -> float:
+    from supervisor.parent.jobs.job import Job
+
+    from supervisor.child import wire
+    job = Job.parse({**JOB, "id": "j1", "lease_id": "L1"})
+    assert job is not None
+    t0 = time.process_time()
+    for _ in range(jobs):
+        down = wire.encode(wire.JobFrame(job.raw))
+        got = wire.decode_down(memoryview(down)[4:])
+        up = wire.encode(wire.Done(got.job["id"], True, {"ok": 1}))
+        msg = wire.decode_up(memoryview(up)[4:])
+        assert isinstance(msg, wire.Done) and msg.ok
+    return (time.process_time() - t0) / jobs * 1e6
+
+
+def measure(jobs: int, rounds: int) -> dict:
+    """Every row for the tree on sys.path (the jobs wing's layout if it has one)."""
+    wing = importlib.util.find_spec("supervisor.parent.jobs") is not None
+    rows = {"parts": parts_wing if wing else parts_old, "frames": frames_typed if wing else frames_old}
+    out: dict[str, Any] = {"layout": "jobs wing" if wing else "parts"}
+    for name, fn in rows.items():
+        fn(min(jobs, 2000))  # warm up
+        values = [fn(jobs) for _ in range(rounds)]
+        out[name] = {"us_per_job": round(statistics.median(values), 2), "runs": [round(v, 2) for v in values]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--root", action="append", help="measure this checkout (repeatable; default: this one)")
+    ap.add_argument("--json", help="also write the JSON here")
+    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # measure sys.path's tree, print JSON
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(measure(args.jobs, args.rounds)))
+        return 0
+    results = {}
+    for root in args.root or [str(HERE)]:
+        text = subprocess.run([sys.executable, str(HERE / "benchmarks" / "bench_parts.py"), "--one", "--jobs",
+                               str(args.jobs), "--rounds", str(args.rounds)], cwd=root, check=True,
+                              capture_output=True, text=True, env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}).stdout
+        results[root] = json.loads(text)
+    first = next(iter(results.values()))
+    print(f"{'tree':40} {'layout':10} {'parts us/job':>13} {'frames us/job':>14} {'parts ratio':>12} "
+          f"{'frames ratio':>13}")
+    for root, r in results.items():
+        print(f"{root[-40:]:40} {r['layout']:10} {r['parts']['us_per_job']:13.2f} {r['frames']['us_per_job']:14.2f} "
+              f"{r['parts']['us_per_job'] / first['parts']['us_per_job']:12.3f} "
+              f"{r['frames']['us_per_job'] / first['frames']['us_per_job']:13.3f}")
+    line = json.dumps({"jobs": args.jobs, "rounds": args.rounds, "results": results})
+    print(line)
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
