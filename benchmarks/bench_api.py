@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import requests  # noqa: E402
 
 from benchmarks._common import Daemon, DevServer, SdkWorker, free_port, machine  # noqa: E402
-from supervisor.parent.intake import HISTORY_MIN_JOBS  # noqa: E402
+from supervisor.parent.jobs.intake import HISTORY_MIN_JOBS  # noqa: E402
 
 CORES = os.cpu_count() or 1
 BASELINE = ""  # --baseline: another checkout whose daemon runs beside this one

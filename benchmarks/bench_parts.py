@@ -38,8 +38,11 @@ JOB = {"id": "", "queue_name": "q", "payload": {"ms": 0, "text": "x" * 40}, "ret
 
 
 class FakeChild:
+    stays_after_job = True
+
     def __init__(self, slot: int) -> None:
-        self.slot, self.pid, self.job_id = slot, 10_000 + slot, None
+        self.slot, self.pid = slot, 10_000 + slot
+        self.job_id: str | None = None
 
 
 class Api:
@@ -79,11 +82,12 @@ def cfg() -> Any:
 
 def parts_old(jobs: int) -> float:
     """The layout with Claiming, Settling and the in-flight table wired by the arbiter."""
-    from supervisor.ops.nullhooks import NullHooks
     from supervisor.parent.claiming import Claiming
-    from supervisor.parent.facts import JobDone, JobReissued, QueueFreed, RetryDue
     from supervisor.parent.inflight import InFlight
     from supervisor.parent.settling import Settling
+
+    from supervisor.ops.nullhooks import NullHooks
+    from supervisor.parent.facts import JobDone, JobReissued, QueueFreed, RetryDue
 
     c, api = cfg(), Api(jobs)
     inflight = InFlight(c.lease)
@@ -121,23 +125,32 @@ def parts_old(jobs: int) -> float:
 
 
 def parts_wing(jobs: int) -> float:
-    """The layout with the jobs wing: the arbiter takes its turn's orders and calls."""
-    from supervisor.parent.jobs import Jobs, TurnInput
-
+    """The layout with the jobs wing: the arbiter routes its turn's orders and calls."""
     from supervisor.ops.nullhooks import NullHooks
-    from supervisor.parent.facts import Give, JobDone, Send
+    from supervisor.parent.facts import GiveJob, JobDone, JobSettled, Send
+    from supervisor.parent.jobs import Jobs, Turn
 
-    c, api = cfg(), Api(jobs)
+    class Budget:
+        rate = None
+
+        def allows_claim(self, now: float, after: int = 0) -> bool:
+            return True
+
+    c, api, budget = cfg(), Api(jobs), Budget()
     wing = Jobs(c, api.builder, NullHooks())
+    watchers: dict = {}
     children = [FakeChild(0), FakeChild(1)]
-    by_slot = {ch.slot: ch for ch in children}
 
     def route(out: Any) -> None:
         for item in out or ():
             if isinstance(item, Send):
                 api.submit(item.call, item.followup, item.first)
-            elif isinstance(item, Give):
-                by_slot[item.slot].job_id = item.job.id
+            elif isinstance(item, GiveJob):
+                item.child.job_id = item.job.id
+            elif isinstance(item, JobSettled):  # the pool's part: a look-up (no child asked)
+                watchers.get(item.pid)
+            else:  # what a followup's answer returns goes to the wing, as the arbiter routes it
+                route(wing.take(item, now))
 
     now = 1000.0
     t0 = time.process_time()
@@ -151,9 +164,7 @@ def parts_wing(jobs: int) -> float:
                 job_id, child.job_id = child.job_id, None
                 route(wing.take(JobDone(child.slot, job_id, True, {"ok": 1}), now))
         route(wing.enforce(now))
-        idle = [ch for ch in children if ch.job_id is None]
-        route(wing.turn(TurnInput(now, idle, (), may_claim=True, may_send_ahead=False, budget_ok=True, rate=None,
-                                  procs=2)))
+        route(wing.turn(Turn(now, [ch for ch in children if ch.job_id is None], (), True, False, False, budget, 2)))
     return (time.process_time() - t0) / jobs * 1e6
 
 
@@ -172,9 +183,8 @@ def frames_old(jobs: int) -> float:
 
 
 def frames_typed(jobs: int) -> float:
-    from supervisor.parent.jobs.job import Job
-
     from supervisor.child import wire
+    from supervisor.job import Job
     job = Job.parse({**JOB, "id": "j1", "lease_id": "L1"})
     assert job is not None
     t0 = time.process_time()

@@ -85,8 +85,9 @@ def rows(jobs: int) -> dict[str, float]:
     out["hooks"] = per_job(jobs, life_row(lifecycle.Life(lifecycle.hooks_module.hooks_of(worker, "w"), None, 2.0),
                                           settle=True))
 
-    from supervisor.parent.inflight import Entry
-    from supervisor.parent.settling import tell_child
+    from supervisor.job import Job
+    from supervisor.parent.jobs.inflight import Entry
+    from supervisor.parent.jobs.settling import tell_child
 
     class Pool:  # the pool's part of it: a look-up in an empty table
         settle_watchers: dict = {}
@@ -96,7 +97,9 @@ def rows(jobs: int) -> dict[str, float]:
                 return
 
     pool = Pool()
-    entry = Entry(job=job(0), claimed_at=0.0, lease_until=30.0, renew_at=10.0, pid=1234, started_at=1.0)
+    claimed = Job.parse({**job(0), "lease_id": "l-0"})
+    assert claimed is not None
+    entry = Entry(job=claimed, claimed_at=0.0, lease_until=30.0, renew_at=10.0, pid=1234, started_at=1.0)
 
     def parent(n: int) -> None:
         for fact in tell_child(entry, "completed"):

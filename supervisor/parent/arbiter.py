@@ -1,5 +1,5 @@
-"""The parent process: one loop that routes between the child pool, the job's parts (claiming, settling,
-the in-flight table) and membership.
+"""The parent process: one loop that routes between the child pool, the jobs wing (a job's whole life:
+the in-flight table, claiming, settling; supervisor.parent.jobs) and membership.
 
 Signal handlers only record the signal, and the health port's thread records a drain request the
 same way. Each turn the loop waits (select) on the children's sockets and sentinels, the API
@@ -10,7 +10,8 @@ order: reads children, reaps the dead, acts on signals, takes API answers, enfor
 to idle children, claims for the idle ones left, and checks the drain.
 
 The arbiter owns the lifecycle (`Phase`) and sets the exit code in one place (`exit_with`). The parts
-never call each other: their methods return facts (supervisor.parent.facts) that `route` hands on.
+never call each other: their methods return facts (supervisor.parent.facts) that `route`, one `match`,
+hands on: a job's facts to the jobs wing, its orders to the pool, its calls to the transport.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent import orphans
 from supervisor.parent.childproc import Child
-from supervisor.parent.claiming import Claiming
 from supervisor.parent.facts import (
     ChildLost,
     ChildReady,
@@ -46,28 +46,31 @@ from supervisor.parent.facts import (
     Fact,
     Fatal,
     Followup,
+    GiveJob,
     HandBack,
+    HoldJob,
     JobDone,
     JobReissued,
     JobReturned,
     JobSettled,
     JobStarted,
     Listening,
+    NotSent,
     QueueFreed,
     RecallJob,
     Registered,
     RetryDue,
+    Send,
     ShedJob,
     StopJob,
     TakenOver,
     WorkCreated,
 )
-from supervisor.parent.inflight import InFlight
+from supervisor.parent.jobs import Jobs, Turn
 from supervisor.parent.membership import Membership
 from supervisor.parent.memory import Level, MemoryPressure, Running
 from supervisor.parent.pacer import Pacer
 from supervisor.parent.pool import ChildPool, HandlerImportFailed
-from supervisor.parent.settling import Settling
 from supervisor.parent.wake import Listener
 
 log = logging.getLogger("supervisor")
@@ -131,9 +134,7 @@ class Arbiter:
         self.pressure = MemoryPressure(Level(*cfg.memory_high), Level(*cfg.memory_max))
         self.next_pressure_check = 0.0
         self.pool = ChildPool(cfg, self.sel, self.hooks, memory=self.memory)
-        self.inflight = InFlight(cfg.lease)  # every job this worker holds; Claiming fills it, Settling empties it
-        self.claiming = Claiming(cfg, client, self.submit, self.hooks, self.inflight)
-        self.settling = Settling(cfg, client, self.submit, self.hooks, self.inflight)
+        self.jobs = Jobs(cfg, client, self.hooks)  # every job this worker holds, from its claim to its settlement
         self.membership = Membership(cfg, client, self.submit)
         self.listener = Listener.for_loop(cfg, client, self.sel, self.loop_transport, self.wake_w)
         self._title = ""
@@ -208,7 +209,7 @@ class Arbiter:
         self.pacer.release(now)
         self.membership.register_if_due(now, self.pool.target)
         self.membership.check_row_if_due(now)
-        self.route(self.settling.enforce(now), now)
+        self.route(self.jobs.enforce(now), now)
         self.route(self.pool.enforce(now), now)
         self.check_memory(now)
         self.send_heartbeat(now)
@@ -247,8 +248,7 @@ class Arbiter:
         idle = self.pool.idle_count()
         may_claim = self.may_claim()
         claim_gate = self.pacer.claim_ready_at(now) if may_claim else 0.0
-        times = [now + 1.0, self.pool.next_deadline(now), self.settling.next_deadline(),
-                 self.claiming.next_deadline(now, may_claim, idle, claim_gate),
+        times = [now + 1.0, self.pool.next_deadline(now), self.jobs.next_deadline(now, may_claim, idle, claim_gate),
                  self.membership.next_deadline(), self.loop_transport.next_deadline(), self.drain_deadline,
                  self.pacer.next_deadline(now), self.listener.next_deadline(now, may_claim)]
         if self.next_title_at > now:
@@ -288,70 +288,51 @@ class Arbiter:
                 facts = followup.recover(now)
             self.route(facts, now)
 
-    def route(self, facts: Sequence[Fact] | None, now: float) -> None:
-        """Hand each fact to the part that acts on it, and route in turn whatever that part returns: the
-        job's facts here, the children's and memory's in `route_to_pool`, the lifecycle's in `route_lifecycle`."""
+    def route(self, facts: Sequence[Fact] | None, now: float) -> None:  # noqa: C901 (one table, one case a kind)
+        """Hand each fact to the part that acts on it, and route in turn whatever that part returns: a job's
+        facts go to the jobs wing, its orders to the pool, its calls to the transport; the children's
+        and the lifecycle's are the arbiter's own. A fact no part acts on is a bug, said loudly."""
         if not facts:
             return
         for fact in facts:
             match fact:
-                case JobDone():
-                    self.route(self.settling.job_done(fact, now), now)
-                case QueueFreed():
-                    self.claiming.gave_work(fact.queue, now, fact.duration)
-                case JobStarted():
-                    self.route(self.claiming.job_started(fact, now), now)
-                case JobReturned():
-                    self.claiming.job_returned(fact, now)
-                case ChildLost():
-                    self.settling.child_lost(fact, now)
-                case JobReissued():
-                    self.route(self.settling.lease_lost(fact.old, "the server handed this job out again under a new "
-                                                                  "lease", now), now)
-                case RetryDue():
-                    self.claiming.retry_due(fact.queue, fact.at)
-                case WorkCreated() | Listening():
-                    self.claiming.heard(fact, now)
+                case Send():
+                    self.submit(fact.call, fact.followup, fact.first)
+                case GiveJob():
+                    if not self.pool.give_job(fact.child, fact.job):
+                        self.route(self.jobs.take(NotSent(fact.child.slot, fact.job.id), now), now)
+                case HoldJob():
+                    if not self.pool.hold_job(fact.child, fact.job, fact.start_by):
+                        self.route(self.jobs.take(NotSent(fact.child.slot, fact.job.id), now), now)
+                case RecallJob():
+                    self.pool.recall_job(fact.slot, fact.job_id)
+                case JobSettled():
+                    self.pool.tell_settled(fact)
+                case StopJob():
+                    self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
+                case ShedJob():
+                    self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
+                    self.route(self.jobs.take(ChildLost(fact.slot, fact.error, "failed"), now), now)
+                case (JobDone() | JobStarted() | JobReturned() | ChildLost() | HandBack() | JobReissued()
+                      | QueueFreed() | RetryDue() | WorkCreated() | Listening()):
+                    self.route(self.jobs.take(fact, now), now)
+                case ChildReady():
+                    self.child_ready(fact, now)
+                case Registered():
+                    self.phase = Phase.RUNNING if self.phase is Phase.STARTING else self.phase
+                    self.publish(now)
+                    self.announce_ready_if_up()
+                case Fatal():
+                    self.fatal(fact, now)
+                case ExitNow():
+                    self.exit_with(fact.code)
+                case TakenOver():
+                    self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
+                case DrainAsked():
+                    self.begin_drain(now, exitcodes.OK)
                 case _:
-                    self.route_to_pool(fact, now)
-
-    def route_to_pool(self, fact: Fact, now: float) -> None:
-        """The facts that stop or recall a child's job (see `route`)."""
-        match fact:
-            case RecallJob():
-                self.pool.recall_job(fact.slot, fact.job_id)
-            case JobSettled():
-                self.pool.tell_settled(fact)
-            case StopJob():
-                self.pool.stop_job_child(fact.slot, fact.job_id, fact.reason, now)
-            case HandBack():
-                self.settling.hand_back_reserved(fact.error, now)
-            case ShedJob():
-                self.pool.stop_job_child(fact.slot, fact.job_id, "memory_pressure", now)
-                self.settling.child_lost(ChildLost(fact.slot, fact.error, "failed"), now)
-            case _:
-                self.route_lifecycle(fact, now)
-
-    def route_lifecycle(self, fact: Fact, now: float) -> None:
-        """The facts that change the daemon's phase or membership (see `route`); any other is a bug, said loudly."""
-        match fact:
-            case ChildReady():
-                self.child_ready(fact, now)
-            case Registered():
-                self.phase = Phase.RUNNING if self.phase is Phase.STARTING else self.phase
-                self.publish(now)
-                self.announce_ready_if_up()
-            case Fatal():
-                self.fatal(fact, now)
-            case ExitNow():
-                self.exit_with(fact.code)
-            case TakenOver():
-                self.drain_with(now, exitcodes.WORKER_ID_IN_USE)
-            case DrainAsked():
-                self.begin_drain(now, exitcodes.OK)
-            case _:
-                log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
-                          fact=scrub(repr(fact))[:300])
+                    log_event(log, logging.ERROR, "a fact no part acts on (a bug in the daemon); dropped",
+                              fact=scrub(repr(fact))[:300])
 
     def reap(self, child: Child, now: float) -> None:
         """A child's sentinel fired: the pool reaps it (its job fails); /status shows it at the end of this turn."""
@@ -368,22 +349,15 @@ class Arbiter:
         self.announce_ready_if_up()
 
     def feed_children(self, now: float) -> None:
-        """Hand reserved jobs to idle children (not under memory pressure), send the outcomes recorded this
-        turn, claim for the children that are idle or soon will be (the pacer puts outcomes ahead of
-        claims), then send busy children their next job ahead while running (never during a drain or
-        under memory pressure, which asks the held ones back)."""
-        for child, entry in self.claiming.assignments([] if self.pressure.paused else self.pool.idle_children()):
-            if self.pool.give_job(child, entry.job):
-                self.claiming.started(entry, child, now)
-        self.settling.send_reports()
-        self.claiming.maybe_claim(now, self.pool.idle_count(), self.pool.target, self.may_claim(),
-                                  self.pacer.allows_claim(now), self.pacer.rate)
-        if self.pressure.paused:
-            self.route(self.claiming.recall_held(), now)  # no child starts a job on its own under pressure
-        elif self.phase is Phase.RUNNING:
-            for child, entry in self.claiming.holds(self.pool.holding_children(), now):
-                if self.pool.hold_job(child, entry.job, self.claiming.start_by(entry)):
-                    self.claiming.hold(entry, child)
+        """The jobs wing's turn: it hands reserved jobs to idle children (none under memory pressure), sends
+        the outcomes recorded this turn, claims for the children that are idle or soon will be (the pacer
+        puts outcomes ahead of claims), then sends busy children their next job ahead while running (never
+        during a drain or under memory pressure, which asks the held ones back); its orders and calls are
+        routed in the order it gives them."""
+        paused = self.pressure.paused
+        turn = Turn(now, self.pool.idle_children(), self.pool.holding_children(), self.may_claim(),
+                    self.phase is Phase.RUNNING and not paused, paused, self.pacer, self.pool.target)
+        self.route(self.jobs.turn(turn), now)
 
     def may_claim(self) -> bool:
         return self.membership.registered and self.phase is Phase.RUNNING and not self.pressure.paused
@@ -395,13 +369,13 @@ class Arbiter:
         self.next_pressure_check = now + PRESSURE_CHECK_EVERY
         running = []
         for child in list(self.pool.children.values()):
-            entry = self.inflight.get(child.job_id) if child.busy else None
-            if entry is not None and entry.started_at is not None:
-                running.append(Running(child.slot, entry.id, entry.started_at))
-        self.route(self.pressure.observe(self.memory.read(), now, self.claiming.reserved(), running), now)
+            started_at = self.jobs.started_at(child.job_id) if child.busy else None
+            if started_at is not None and child.job_id is not None:
+                running.append(Running(child.slot, child.job_id, started_at))
+        self.route(self.pressure.observe(self.memory.read(), now, self.jobs.reserved(), running), now)
 
     def stopping_for_good(self) -> bool:
-        return self.exit_code is not None or (self.phase is Phase.DRAINING and not self.inflight.jobs)
+        return self.exit_code is not None or (self.phase is Phase.DRAINING and not len(self.jobs))
 
     # ---------------------------------------------------------------- signals
     def handle_signals(self, now: float) -> None:
@@ -417,7 +391,7 @@ class Arbiter:
             self.pool.kill_all()
             self.exit_with(self.drain_code)
         else:
-            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.inflight),
+            log_event(log, INFO, "stop signal: draining", signal=name, inflight=len(self.jobs),
                       drain_timeout=self.cfg.drain_timeout)
             self.begin_drain(now, exitcodes.OK)
 
@@ -427,9 +401,9 @@ class Arbiter:
         the reserve (and anything still running at the deadline) back to the queue unaltered, and exit. A stop
         signal that comes after it stops at once."""
         log_event(log, INFO, "drain requested: no more claims or starts; reserved jobs go back to the queue when "
-                             "the running ones are done", running=len(self.inflight) - self.claiming.reserved(),
-                  reserved=self.claiming.reserved(), drain_timeout=self.cfg.drain_timeout)
-        self.claiming.stop_starting()
+                             "the running ones are done", running=len(self.jobs) - self.jobs.reserved(),
+                  reserved=self.jobs.reserved(), drain_timeout=self.cfg.drain_timeout)
+        self.jobs.stop_starting()
         self.begin_drain(now, exitcodes.OK)
 
     def handle_SIGINT(self, now: float) -> None:
@@ -492,10 +466,10 @@ class Arbiter:
         self.drain_deadline = now + self.cfg.drain_timeout
         self.hooks.stopping()
         self.membership.heartbeat_soon(now)  # tell the API `draining` now
-        self.route(self.claiming.recall_held(), now)  # held jobs come back, to be handled as reserved ones
+        self.route(self.jobs.recall_held(), now)  # held jobs come back, to be handled as reserved ones
 
     def check_drain(self, now: float) -> None:
-        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.claiming.exhausted():
+        if self.cfg.until_empty and self.phase is Phase.RUNNING and self.jobs.exhausted():
             log_event(log, INFO, "queues empty and no job in flight: stopping (--until-empty)",
                       queues=",".join(self.cfg.queues))
             self.begin_drain(now, exitcodes.OK)
@@ -506,11 +480,11 @@ class Arbiter:
         if not self.membership.registered and self.membership.register_at is not None:
             log_event(log, WARNING, "draining while not registered: stopping")
             self.exit_with(self.drain_code)
-        elif self.claiming.drained():
+        elif self.jobs.drained():
             log_event(log, INFO, "drained: no job in flight")
             self.exit_with(self.drain_code)
         elif self.drain_deadline is not None and now >= self.drain_deadline:
-            busy = list(self.inflight.jobs)
+            busy = self.jobs.job_ids()
             log_event(log, WARNING, "drain timeout: stopping busy children; deregistering hands their jobs back "
                                     "to the queue", jobs=busy)
             self.exit_with(self.drain_code)
@@ -547,7 +521,7 @@ class Arbiter:
         if not self.membership.heartbeat_due(now):
             return
         cpu, mem = self.pool.tree_usage()
-        self.membership.send_heartbeat(now, current_jobs=len(self.inflight), status=self.worker_status(now),
+        self.membership.send_heartbeat(now, current_jobs=len(self.jobs), status=self.worker_status(now),
                                        procs=self.pool.target, busy=self.pool.busy_count(),
                                        children=len(self.pool.children), cpu=cpu, mem=mem,
                                        memory=self.pressure.heartbeat_fields())
@@ -561,7 +535,7 @@ class Arbiter:
     # ----------------------------------------------------------- observation
     def status_line(self) -> str:
         pool = self.pool
-        text = f"queue={self.cfg.first_queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.inflight)}"
+        text = f"queue={self.cfg.first_queue} busy={pool.busy_count()}/{pool.target} inflight={len(self.jobs)}"
         text += " reloading" if self.reload_began is not None else ""
         return text + (" draining" if self.phase is Phase.DRAINING else "")
 
@@ -581,21 +555,21 @@ class Arbiter:
         when the phase changes. Its ages are computed when it is read (`snapshot`)."""
         self.next_publish_at = now + PUBLISH_EVERY
         self.publish_stale = self.publish_at_turn_end = False
-        pool, members, inflight = self.pool.stats(), self.membership.stats(), self.inflight.stats()
-        claiming, settled, pacer = self.claiming.stats(), self.settling.stats()["jobs_settled"], self.pacer.stats()
+        pool, members, jobs, pacer = self.pool.stats(), self.membership.stats(), self.jobs.stats(), self.pacer.stats()
+        settled = jobs["jobs_settled"]
         rows = pool["children"]
-        started_at = inflight["started_at"]
+        started_at = jobs["started_at"]
         fields = {
             "worker_id": self.cfg.worker_id, "queue": self.cfg.first_queue, "pid": os.getpid(), "version": __version__,
             "registered": members["registered"], "draining": self.phase is Phase.DRAINING,
             "status": self.worker_status(now), "phase": self.phase.value,
             "loop_age_secs": None, "api_age_secs": None, "api_silence_secs": None, "children_down_secs": None,
             "procs": pool["procs"], "busy": sum(1 for row in rows if row["state"] == "busy"),
-            "inflight": inflight["inflight"], "reserved": claiming["reserved"], "held": claiming["held"],
-            "queues": claiming["queues"], "requests_sent": pacer["requests_sent"], "jobs_settled": settled,
+            "inflight": jobs["inflight"], "reserved": jobs["reserved"], "held": jobs["held"],
+            "queues": jobs["queues"], "requests_sent": pacer["requests_sent"], "jobs_settled": settled,
             "requests_per_job": round(pacer["requests_sent"] / settled, 3) if settled else None,
             "rate_limit_rps": pacer["rate_limit_rps"], "rate_limited_answers": pacer["rate_limited_answers"],
-            "claim_rtt_ms": claiming["claim_rtt_ms"], "reserve_wait_ms": claiming["reserve_wait_ms"],
+            "claim_rtt_ms": jobs["claim_rtt_ms"], "reserve_wait_ms": jobs["reserve_wait_ms"],
             "memory": {**self.pressure.stats(), "oom_kills": pool["oom_kills"], "preload": self.cfg.preload},
             "wake": self.listener.stats(), "children": None, "failing": pool["failing"],
         }

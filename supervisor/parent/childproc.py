@@ -26,6 +26,7 @@ from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
 from supervisor.child.wire import Channel
 from supervisor.config import Config
+from supervisor.job import Job
 from supervisor.ops.logs import log_event, scrub
 from supervisor.ops.procmem import TreeMemory
 
@@ -85,23 +86,23 @@ class Child:
         if self.state is ChildState.STARTING:
             self.state, self.idle_since = ChildState.IDLE, now
 
-    def start_job(self, job: dict) -> bool:
+    def start_job(self, job: Job) -> bool:
         """Send `job` to this idle child; False if its socket is gone (the sentinel reports the death)."""
         try:
-            self.chan.send({"t": "job", "job": job})
+            self.chan.send({"t": "job", "job": job.raw})
         except OSError:
             return False
-        self.state, self.job_id = ChildState.BUSY, job["id"]
+        self.state, self.job_id = ChildState.BUSY, job.id
         return True
 
-    def hold_job(self, job: dict, start_by: float) -> bool:
+    def hold_job(self, job: Job, start_by: float) -> bool:
         """Send `job` ahead to this busy child, to start when its job ends if that is before `start_by`
         (monotonic), else to give back; False if its socket is gone."""
         try:
-            self.chan.send({"t": "job", "job": job, "held": True, "start_by": start_by})
+            self.chan.send({"t": "job", "job": job.raw, "held": True, "start_by": start_by})
         except OSError:
             return False
-        self.held_id, self.recalling = job["id"], False
+        self.held_id, self.recalling = job.id, False
         return True
 
     def recall_job(self, job_id: str) -> bool:
@@ -207,10 +208,14 @@ class Child:
 
     @property
     def may_hold(self) -> bool:
-        """Busy with a job, holding none, and staying after it (not due for replacement or a reload, not at its
-        job quota): it may be sent its next job."""
+        """Busy with a job, holding none, and staying after it: it may be sent its next job."""
         return (self.state is ChildState.BUSY and self.job_id is not None and self.held_id is None
-                and self.replace_reason is None and not (self.job_quota and self.jobs_done + 1 >= self.job_quota))
+                and self.stays_after_job)
+
+    @property
+    def stays_after_job(self) -> bool:
+        """Not due for replacement or a reload, and not at its job quota once its job ends."""
+        return self.replace_reason is None and not (self.job_quota and self.jobs_done + 1 >= self.job_quota)
 
     @property
     def starting(self) -> bool:

@@ -1,7 +1,10 @@
 """What the parent's parts tell the arbiter, and what an API call carries back.
 
-Parts never call each other: a method of the pool, claiming, settling or membership returns a list of
-these facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`).
+Parts never call each other: a method of the pool, the jobs wing or membership returns a list of these
+facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`, one `match`). The
+jobs wing's own facts (`QueueFreed`, `RetryDue`, `JobReissued`) are routed inside it; what it returns
+are orders for the pool (`GiveJob`, `HoldJob`, `RecallJob`, `StopJob`), calls for the transport (`Send`)
+and the facts that concern the daemon (`Fatal`).
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from supervisor.client.calls import ApiError
+from supervisor.job import Job
 
 
-@dataclass(frozen=True)
-class JobDone:
-    """A child answered for its job: `ok` with `value` the result, else `value` the error text."""
+class JobDone(NamedTuple):
+    """A child answered for its job: `ok` with `value` the result, else `value` the error text. A named
+    tuple, as the other facts made for every job (`QueueFreed`, `GiveJob`): a tuple is cheap to make."""
 
     slot: int
     job_id: str
@@ -58,9 +62,34 @@ class ChildLost:
     outcome: str
 
 
+class GiveJob(NamedTuple):
+    """Send `job` to the idle `child` (the pool's Child), to start at once. A named tuple: one is made for
+    every job."""
+
+    child: Any
+    job: Job
+
+
+class HoldJob(NamedTuple):
+    """Send `job` ahead to the busy `child`, to start the moment its own job ends if that is before
+    `start_by` (monotonic), else to give back. A named tuple: one is made for every job sent ahead."""
+
+    child: Any
+    job: Job
+    start_by: float
+
+
+@dataclass(frozen=True)
+class NotSent:
+    """The job `job_id` given or sent ahead to the child on `slot` never reached it (its socket is gone)."""
+
+    slot: int
+    job_id: str
+
+
 @dataclass(frozen=True)
 class StopJob:
-    """Settling gave up on `job_id` (timeout, lost lease): stop the child running it."""
+    """The jobs wing gave up on `job_id` (timeout, lost lease): stop the child running it."""
 
     slot: int
     job_id: str
@@ -135,8 +164,7 @@ class ShedJob:
     error: str
 
 
-@dataclass(frozen=True)
-class QueueFreed:
+class QueueFreed(NamedTuple):
     """A child ended a job of `queue` (after `duration` s): the queue had work and a child is free, so claim
     there again at once (and learn how long its jobs run)."""
 
@@ -176,8 +204,7 @@ class Listening:
 
 
 Heard = WorkCreated | Listening  # what the events stream tells claiming
-Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
-        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | JobSettled)
+Order = GiveJob | HoldJob | RecallJob | StopJob | JobSettled  # what the jobs wing asks of the pool
 
 
 class Followup(NamedTuple):
@@ -189,4 +216,16 @@ class Followup(NamedTuple):
     recover: Callable[[float], Sequence[Fact] | None]
 
 
+class Send(NamedTuple):
+    """An API call for the transport: `call` goes out within the request budget, its answer to `followup`;
+    `first` puts it ahead of the calls already waiting for a connection (a claim)."""
+
+    call: Any
+    followup: Followup
+    first: bool = False
+
+
 Submit = Callable[..., None]  # submit(call, followup, first=False): the arbiter's way out to the API
+Fact = (JobDone | JobStarted | JobReturned | ChildReady | ChildLost | StopJob | RecallJob | Fatal | ExitNow | Registered
+        | TakenOver | DrainAsked | HandBack | ShedJob | QueueFreed | RetryDue | JobReissued | Heard | GiveJob | HoldJob
+        | NotSent | Send | JobSettled)

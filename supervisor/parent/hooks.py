@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from logging import INFO
 
 from supervisor.config import Config
@@ -31,14 +32,14 @@ class DaemonHooks(NullHooks):
         self.notifier.unset_env()  # children must not inherit NOTIFY_SOCKET
         self.health: HealthServer | None = None
         self.annotator = PodAnnotator(cfg.k8s_pod) if cfg.k8s_pod is not None else None
-        self._snapshot = None
+        self._snapshot: Callable[[], dict] | None = None
         self._status_text = ""
         self._status_sent_at = 0.0
         self._gauges_at = 0.0
         self._extended_at: float | None = None
         self._extended_until = 0.0
 
-    def start(self, snapshot, drain=None) -> None:
+    def start(self, snapshot: Callable[[], dict], drain: Callable[[], None] | None = None) -> None:
         """Serve the health port if asked; `drain` (thread-safe) is called for POST /drain."""
         self._snapshot = snapshot
         if self.cfg.health_port is not None:
@@ -56,35 +57,35 @@ class DaemonHooks(NullHooks):
             self.annotator.stop()
 
     # -- arbiter events --
-    def job_settled(self, queue, outcome, duration):
+    def job_settled(self, queue: str, outcome: str, duration: float | None) -> None:
         self.metrics.job_settled(queue, outcome, duration)
 
-    def child_restarted(self, reason):
+    def child_restarted(self, reason: str) -> None:
         self.metrics.child_restarts.inc(reason=reason)
 
-    def child_oom_killed(self):
+    def child_oom_killed(self) -> None:
         self.metrics.oom_kills.inc()
 
-    def lease_renewed(self, outcome):
+    def lease_renewed(self, outcome: str) -> None:
         self.metrics.lease_renewals.inc(outcome=outcome)
 
-    def claimed(self, count):
+    def claimed(self, count: int) -> None:
         self.metrics.claims.inc()
         self.metrics.jobs_claimed.inc(count)
 
-    def api_request(self, route, status, seconds):
+    def api_request(self, route: str, status: int | None, seconds: float) -> None:
         self.metrics.api_request(route, status or "error", seconds)
 
-    def ready(self, status):
+    def ready(self, status: str) -> None:
         self.notifier.ready(status)
 
-    def reloading(self, now):
+    def reloading(self, now: float) -> None:
         self.notifier.reloading(now)
 
-    def stopping(self):
+    def stopping(self) -> None:
         self.notifier.stopping()
 
-    def extend_timeout(self, now, seconds):
+    def extend_timeout(self, now: float, seconds: float) -> None:
         """Keep systemd's reload or stop timeout from firing while the daemon is still at it: EXTEND_TIMEOUT_USEC
         every EXTEND_EVERY, or at once when the end moves later by more than that (a drain after a reload)."""
         due = self._extended_at is None or now - self._extended_at >= EXTEND_EVERY
@@ -92,11 +93,11 @@ class DaemonHooks(NullHooks):
             self._extended_at, self._extended_until = now, now + seconds
             self.notifier.extend_timeout(seconds)
 
-    def status(self, text):
+    def status(self, text: str) -> None:
         set_title(text)
         self._status_text = text
 
-    def tick(self, now):
+    def tick(self, now: float) -> None:
         if self.notifier.enabled:
             if self._status_text and now - self._status_sent_at >= STATUS_EVERY:
                 self._status_sent_at = now

@@ -71,14 +71,15 @@ class Pacer:
         prio = PRIORITY.get(getattr(call, "route", ""), CLAIM_PRIORITY)
         heapq.heappush(self.deferred, (prio, next(self._seq), call, followup, first))
 
-    def allows_claim(self, now: float) -> bool:
-        """A claim may go now: no Retry-After holds, nothing of higher priority waits, and a token is
-        left for a settlement after it. Takes no token (the claim's submit does)."""
+    def allows_claim(self, now: float, after: int = 0) -> bool:
+        """A claim may go now, once `after` more calls (this turn's reports, sent before it) have taken
+        their tokens: no Retry-After holds, nothing of higher priority waits, and a token is left for a
+        settlement after it. Takes no token (the claim's submit does)."""
         if now < self.claims_paused_until:
             return False
         if self.rate is None:
             return True
-        return not self.deferred and self._tokens(now) >= 2.0
+        return not self.deferred and self._tokens(now) >= 2.0 + after
 
     def release(self, now: float) -> None:
         """Send queued calls as tokens come in; grow a learned rate while no 429 comes."""

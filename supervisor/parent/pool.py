@@ -21,6 +21,7 @@ from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
 from supervisor.config import Config
+from supervisor.job import Job
 from supervisor.ops.cgroup import MemorySource
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
@@ -182,14 +183,14 @@ class ChildPool:
         if child.mark_for_replacement(reason):
             self.changed = True
 
-    def give_job(self, child: Child, job: dict) -> bool:
+    def give_job(self, child: Child, job: Job) -> bool:
         """Hand `job` to an idle child; False if it could not take it."""
         if not child.start_job(job):
             return False
         self._watch_writes(child)
         return True
 
-    def hold_job(self, child: Child, job: dict, start_by: float) -> bool:
+    def hold_job(self, child: Child, job: Job, start_by: float) -> bool:
         """Send `job` ahead to a busy child, to start before `start_by`; False if it could not take it."""
         if not child.hold_job(job, start_by):
             return False

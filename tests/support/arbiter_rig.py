@@ -65,12 +65,12 @@ class Rig:
         _, followup, _ = self.submit.take(route)
         self.arb.route(followup.answer(result, err, now), now)
 
-    def hold_job(self, job_id: str = "a", now: float = T0, **fields) -> None:
+    def run_job(self, job_id: str = "a", now: float = T0, **fields) -> None:
         """Claim `job_id` and hand it to a child."""
         self.arb.feed_children(now)
         self.answer("claim", [{"id": job_id, "lease_id": f"L-{job_id}", "queue_name": "q", **fields}], now=now)
         self.arb.feed_children(now)
-        assert self.arb.inflight.get(job_id).slot is not None
+        assert self.arb.jobs.inflight.get(job_id).slot is not None
 
     def signal(self, *sigs: int, now: float = T0) -> None:
         for sig in sigs:

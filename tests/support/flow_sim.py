@@ -1,9 +1,9 @@
-"""A deterministic, in-process loop around the real `JobParts` (and optionally the real `Pacer`): fake
+"""A deterministic, in-process loop around the real jobs wing (and optionally the real `Pacer`): fake
 children, a fake API that answers every call one round trip after it was sent (optionally behind a
 per-organization token bucket that answers 429 as the dev server does), and a fake clock.
 
 Each turn does what `Arbiter.turn` does, in its order: API answers, finished children, the pacer's
-release, `enforce`, hand waiting jobs to idle children, send reports, maybe claim. The next turn
+release, `enforce`, then the wing's turn (hand waiting jobs to idle children, send reports, maybe claim). The next turn
 is at the earliest of the answers due, the children's ends, the flow's and the pacer's deadlines
 (capped at one second, as the arbiter caps its wait). Nothing here sleeps or opens a socket.
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from support.job_parts import JobParts
+from support.wing_rig import WingRig
 
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.config import Config
 from supervisor.ops.nullhooks import NullHooks
-from supervisor.parent.facts import JobDone
+from supervisor.parent.facts import GiveJob, JobDone
 from supervisor.parent.pacer import Pacer
 
 URL = "http://127.0.0.1:9"  # never contacted: SpooledAPI only builds the calls here
@@ -46,6 +46,7 @@ class FakeChild:
     pid: int
     job_id: str | None = None
     ends_at: float = math.inf
+    stays_after_job: bool = True
 
 
 @dataclass
@@ -96,7 +97,7 @@ class Sim:
         self.cfg = make_cfg(procs=self.procs, prefetch=self.prefetch, max_rps=self.max_rps, lease=self.lease)
         self.pacer = Pacer(self._wire, self.max_rps)  # the arbiter always has one; off until a rate is known
         self.bucket = Bucket(self.server_rps, 2 * self.server_rps, self.now) if self.server_rps else None
-        self.flow = JobParts(self.cfg, SpooledAPI(URL, KEY), self._submit, NullHooks())
+        self.flow = WingRig(self.cfg, SpooledAPI(URL, KEY), self._submit, NullHooks())
         self.children = [FakeChild(slot, 10_000 + slot) for slot in range(self.procs)]
         self.backlog = [f"j{i}" for i in range(self.jobs)]
         self.index = {jid: i for i, jid in enumerate(self.backlog)}
@@ -142,24 +143,23 @@ class Sim:
         self.pending = [p for p in self.pending if p[0] > now]
         for _, _, call, (followup, retry_after) in due:
             if retry_after is None:
-                self.flow.route(followup.answer(self._answer(call), None, now), now)
+                self.flow.answer(followup, self._answer(call), None, now)
                 continue
             error = self._rate_limited(call, retry_after)
             self.pacer.rate_limited(now, error.retry_after, error.body.get("limit"))  # as take_answers does
-            self.flow.route(followup.answer(None, error, now), now)
+            self.flow.answer(followup, None, error, now)
         for child in self.children:
             if child.job_id is not None and child.ends_at <= now:
                 self.flow.job_done(JobDone(child.slot, child.job_id, True, None), now)
                 child.job_id, child.ends_at = None, math.inf
         self.pacer.release(now)
         self.flow.enforce(now)
-        for child, entry in self.flow.claiming.assignments(self.idle()):
-            child.job_id, child.ends_at = entry.id, now + self.run_time(self.index[entry.id])
-            self.start_times[entry.id] = now
-            self.flow.started(entry, child, now)
+        for order in self.flow.turn(now, idle=self.idle(), may_send_ahead=False, budget=self.pacer, procs=self.procs):
+            if isinstance(order, GiveJob):
+                child, job_id = order.child, order.job.id
+                child.job_id, child.ends_at = job_id, now + self.run_time(self.index[job_id])
+                self.start_times[job_id] = now
         self.max_reserved = max(self.max_reserved, self.flow.claiming.reserved())
-        self.flow.send_reports()
-        self.flow.maybe_claim(now, len(self.idle()), self.procs, True, self.pacer.allows_claim(now), self.pacer.rate)
 
     def next_time(self) -> float:
         now = self.now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from support.parent_fakes import FakeSelector, Hooks, Signals, Spawner, make_cfg, no_process_is_touched
 
+from supervisor.job import Job
 from supervisor.parent.pool import ChildPool
 
 T0 = 100.0
@@ -35,7 +36,7 @@ class Rig:
         return [self.pool.children[s] for s in sorted(self.pool.children)]
 
     def give(self, child, job_id: str = "a") -> None:
-        assert self.pool.give_job(child, {"id": job_id, "lease_id": "L"})
+        assert self.pool.give_job(child, Job.parse({"id": job_id, "lease_id": "L"}))
 
     def done(self, child, job_id: str = "a", now: float = T0) -> list:
         child.chan.inbox.append({"t": "done", "id": job_id, "ok": True, "result": 1})

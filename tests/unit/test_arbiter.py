@@ -50,10 +50,10 @@ def test_route_hands_each_fact_to_the_part_that_acts_on_it(rig, monkeypatch):
     def record(name):
         return lambda fact, *rest: seen.append((name, fact)) or []
 
-    monkeypatch.setattr(rig.arb.settling, "job_done", record("jobs.job_done"))
-    monkeypatch.setattr(rig.arb.claiming, "job_started", record("jobs.job_started"))
-    monkeypatch.setattr(rig.arb.claiming, "job_returned", record("jobs.job_returned"))
-    monkeypatch.setattr(rig.arb.settling, "child_lost", record("jobs.child_lost"))
+    monkeypatch.setattr(rig.arb.jobs.settling, "job_done", record("jobs.job_done"))
+    monkeypatch.setattr(rig.arb.jobs.claiming, "job_started", record("jobs.job_started"))
+    monkeypatch.setattr(rig.arb.jobs.claiming, "job_returned", record("jobs.job_returned"))
+    monkeypatch.setattr(rig.arb.jobs.settling, "child_lost", record("jobs.child_lost"))
     monkeypatch.setattr(rig.arb.pool, "recall_job", lambda slot, job_id: seen.append(
         ("pool.recall_job", (slot, job_id))))
     monkeypatch.setattr(rig.arb.pool, "stop_job_child", lambda slot, job_id, reason, now: seen.append(
@@ -105,7 +105,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     rig.arb.feed_children(T0 + 0.1)
     child = rig.child_of("a")
     assert child.chan.sent == [{"t": "job", "job": {"id": "a", "lease_id": "L-a", "queue_name": "q"}}]
-    assert rig.arb.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
+    assert rig.arb.jobs.inflight.get("a").slot == child.slot and rig.submit.calls == []  # fewer than asked: back off
     child.chan.inbox.append({"t": "done", "id": "a", "ok": True, "result": {"v": 1}})
     rig.arb.route(rig.arb.pool.read(child, T0 + 1), T0 + 1)
     rig.arb.feed_children(T0 + 1)
@@ -113,7 +113,7 @@ def test_a_job_goes_from_claim_to_child_to_report(rig):
     assert body(rig.submit.calls[1][0])["limit"] == 2
     rig.answer("claim", [], now=T0 + 1.05)
     rig.answer("complete", {}, now=T0 + 1.1)
-    assert rig.arb.claiming.drained()
+    assert rig.arb.jobs.claiming.drained()
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", pytest.approx(0.9))]
 
 
@@ -125,16 +125,16 @@ def test_no_claim_before_registration(rig):
 
 def test_a_timeout_stops_the_child_through_the_pool(rig):
     rig.running()
-    rig.hold_job("a", timeout_seconds=2)
+    rig.run_job("a", timeout_seconds=2)
     child = rig.child_of("a")
-    rig.arb.route(rig.arb.settling.enforce(T0 + 2), T0 + 2)
+    rig.arb.route(rig.arb.jobs.settling.enforce(T0 + 2), T0 + 2)
     assert child.stopping and child.stop_reason == "timeout" and (child.slot, signal.SIGTERM) in rig.signals.sent
     assert "fail" in rig.submit.routes()
 
 
 def test_a_crashed_child_fails_its_job_through_the_job_flow(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     child = rig.child_of("a")
     child.proc.exitcode = -signal.SIGKILL
     rig.arb.reap(child, T0 + 1)
@@ -188,7 +188,7 @@ def test_a_429_answer_teaches_the_pacer_and_holds_claims(rig, monkeypatch):
     monkeypatch.setattr(rig.arb.loop_transport, "done", lambda: [(claim, None, limited)])
     rig.arb.take_answers(T0 + 0.1)
     assert rig.arb.pacer.rate == pytest.approx(9.5) and rig.arb.pacer.rate_limited_answers == 1
-    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.claiming.claim_not_before >= T0 + 2.1
+    assert not rig.arb.pacer.allows_claim(T0 + 2.0) and rig.arb.jobs.claiming.claim_not_before >= T0 + 2.1
     assert rig.arb.next_wakeup(T0 + 0.2) <= T0 + 1.2
 
 
@@ -208,7 +208,7 @@ def test_until_empty_drains_and_exits_0_once_every_queue_came_back_short(monkeyp
 
 def test_the_loop_never_sleeps_past_a_second_or_a_part_deadline(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     assert rig.arb.next_wakeup(T0) <= T0 + 0.05  # the next claim, after a short back-off
     rig.arb.pool.converge(T0, stopping_for_good=False)
     rig.arb.feed_children(T0 + 1)
@@ -221,7 +221,7 @@ def test_the_loop_never_sleeps_past_a_second_or_a_part_deadline(rig):
 
 def test_sigterm_drains_says_so_at_once_and_claims_no_more(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.signal(signal.SIGTERM, now=T0 + 1)
     arb = rig.arb
     assert arb.phase is Phase.DRAINING and arb.drain_deadline == T0 + 26 and ("stopping",) in rig.hooks.events
@@ -229,7 +229,7 @@ def test_sigterm_drains_says_so_at_once_and_claims_no_more(rig):
     arb.send_heartbeat(T0 + 1)
     call, _, _ = rig.submit.take("worker_heartbeat")
     assert body(call)["status"] == "draining" and body(call)["current_jobs"] == 1
-    arb.settling.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
+    arb.jobs.settling.job_done(JobDone(rig.child_of("a").slot, "a", True, 1), T0 + 2)  # a child is free ...
     arb.feed_children(T0 + 2)
     assert "claim" not in rig.submit.routes()  # ... but no more claims
     arb.check_drain(T0 + 2)
@@ -250,7 +250,7 @@ def test_drain_with_nothing_held_finishes_at_once(rig):
 
 def test_drain_timeout_finishes_with_jobs_still_held(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.signal(signal.SIGTERM, now=T0)
     rig.arb.check_drain(T0 + 24.99)
     assert rig.arb.exit_code is None
@@ -260,7 +260,7 @@ def test_drain_timeout_finishes_with_jobs_still_held(rig):
 
 def test_a_second_stop_signal_kills_every_child_and_finishes(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.signal(signal.SIGTERM, now=T0)
     rig.signal(signal.SIGINT, now=T0 + 1)
     slots = sorted(rig.arb.pool.children)
@@ -325,7 +325,7 @@ def test_fatal_before_registration_exits_at_once(rig):
 
 def test_fatal_while_running_drains_and_exits_with_its_code(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.arb.feed_children(T0 + 1)
     rig.answer("claim", None, error(401), now=T0 + 1)
     assert rig.arb.phase is Phase.DRAINING and rig.arb.exit_code is None and not rig.arb.may_claim()
@@ -337,7 +337,7 @@ def test_fatal_while_running_drains_and_exits_with_its_code(rig):
 
 def test_fatal_while_draining_changes_the_exit_code(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.signal(signal.SIGTERM, now=T0)
     rig.arb.route([Fatal(exitcodes.AUTH, "401")], T0 + 1)
     assert rig.arb.phase is Phase.DRAINING and rig.arb.drain_code == exitcodes.AUTH
@@ -347,7 +347,7 @@ def test_fatal_while_draining_changes_the_exit_code(rig):
 
 def test_taken_over_drains_and_exits_6_without_deregistering(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.arb.membership.heartbeat_soon(T0 + 1)
     rig.arb.send_heartbeat(T0 + 1)
     rig.answer("worker_heartbeat", None, None, now=T0 + 1)
@@ -406,7 +406,7 @@ def test_handle_signals_dispatches_by_name_in_order(rig, monkeypatch):
 
 def test_worker_status_and_snapshot(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     assert rig.arb.worker_status(T0) == "healthy"
     rig.arb.publish(T0)  # the loop publishes what /status shows
     snap = rig.arb.snapshot()
@@ -435,7 +435,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
         monkeypatch.setattr(arb, name, step(name))
     monkeypatch.setattr(arb.loop_transport, "expire", step("http.expire"))
     monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
-    monkeypatch.setattr(arb.settling, "enforce", step("jobs.enforce", []))
+    monkeypatch.setattr(arb.jobs.settling, "enforce", step("jobs.enforce", []))
     monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
     monkeypatch.setattr(arb.pool, "converge", step("pool.converge"))
     arb.turn()
@@ -447,7 +447,7 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
 def test_a_turn_that_sets_the_exit_code_touches_nothing_after(rig, monkeypatch):
     arb = rig.arb
     monkeypatch.setattr(arb.sel, "select", lambda timeout: [])
-    monkeypatch.setattr(arb.settling, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
+    monkeypatch.setattr(arb.jobs.settling, "enforce", lambda now: [ExitNow(exitcodes.CONFIG)])
     converged = []
     monkeypatch.setattr(arb.pool, "converge", lambda now, stopping_for_good: converged.append(now))
     arb.turn()

@@ -5,7 +5,7 @@ doubling once outgrew a float, so every claim's answer raised."""
 from __future__ import annotations
 
 from supervisor.backoff import backoff
-from supervisor.parent.intake import QueueIntake
+from supervisor.parent.jobs.intake import QueueIntake
 
 
 def test_backoff_stays_within_half_the_cap_and_the_cap_however_many_attempts():

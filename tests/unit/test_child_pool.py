@@ -14,6 +14,7 @@ import pytest
 from support.parent_fakes import MiB
 from support.pool_rig import T0, Rig
 
+from supervisor.job import Job
 from supervisor.ops.procmem import TreeMemory
 from supervisor.parent.childproc import ChildState
 from supervisor.parent.facts import ChildLost, ChildReady, JobDone
@@ -206,7 +207,7 @@ def test_give_job_sends_the_job_and_marks_the_child_busy(rig):
 def test_give_job_to_a_dead_socket_fails_and_leaves_the_child_idle(rig):
     a, _ = rig.up()
     a.chan.broken = True
-    assert not rig.pool.give_job(a, {"id": "j1"})
+    assert not rig.pool.give_job(a, Job.parse({"id": "j1", "lease_id": "L"}))
     assert a.idle and a.job_id is None
 
 

@@ -1,6 +1,6 @@
 """Claim just ahead of need and batched claims, decided on numbers with a fake clock.
 
-First each sizing decision of supervisor.parent.intake on its own, then the real JobParts in a
+First each sizing decision of supervisor.parent.jobs.intake on its own, then the real jobs wing in a
 deterministic loop (tests/support/flow_sim.py: fake children, an API one round trip away) to check what
 those decisions add up to: latency hidden for short jobs, nothing hoarded behind long ones. Last, the
 sizing decisions again for two children running 50 ms jobs (`short_need`).
@@ -15,12 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 from support.flow_sim import Sim, make_cfg
-from support.job_parts import JobParts
+from support.parent_fakes import fake_child
+from support.wing_rig import WingRig
 
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import JobDone
-from supervisor.parent.intake import (
+from supervisor.parent.jobs.intake import (
     MAX_CLAIM,
     MAX_STEPS,
     MIN_BATCH_WINDOW,
@@ -250,7 +251,7 @@ def test_the_next_need_is_the_first_moment_claim_size_would_claim(seed):
     assert checked > 100
 
 
-# ------------------------------------------------------------------ the JobParts: one claim on the wire
+# ------------------------------------------------------------------ the jobs wing: one claim on the wire
 
 class Submit:
     def __init__(self) -> None:
@@ -263,15 +264,15 @@ class Submit:
         return [c.route for c, _, _ in self.calls]
 
 
-def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[JobParts, Submit]:
-    """A JobParts that has measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
+def flow_with_estimates(procs: int, run: float = 1.0, rtt: float = RTT, **cfg) -> tuple[WingRig, Submit]:
+    """The jobs wing having measured `rtt` and `run` and has `procs` children running jobs started at t=10."""
     submit = Submit()
-    flow = JobParts(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
+    flow = WingRig(make_cfg(procs=procs, **cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")), submit, NullHooks())
     flow.claiming.claim_rtt.add(rtt)
     flow.claiming.queues["q"].run_time.add(run)
     for slot in range(procs):
-        entry = flow.inflight.add({"id": f"r{slot}", "lease_id": f"L{slot}", "queue_name": "q"}, 10.0)
-        flow.started(entry, SimpleNamespace(slot=slot, pid=1000 + slot), 10.0)
+        entry = flow.add({"id": f"r{slot}", "lease_id": f"L{slot}", "queue_name": "q"}, 10.0)
+        flow.started(entry, fake_child(slot, pid=1000 + slot), 10.0)
     return flow, submit
 
 
@@ -292,12 +293,12 @@ def test_children_finishing_together_get_one_claim_and_no_second_one_while_it_is
     assert submit.routes() == ["claim"]
     call, followup, first = submit.calls[0]
     assert first and claim_limit(call) == 4
-    followup.answer([{"id": f"n{i}", "lease_id": f"N{i}", "queue_name": "q"} for i in range(4)], None, at + RTT)
+    flow.answer(followup, [{"id": f"n{i}", "lease_id": f"N{i}", "queue_name": "q"} for i in range(4)], None, at + RTT)
     assert flow.claiming.reserved() == 4
     for slot in range(4):  # the children finish one after another: the reserve covers them all
         flow.job_done(JobDone(slot, f"r{slot}", True, None), 11.0 + slot * 0.001)
-        flow.maybe_claim(11.0 + slot * 0.001, idle=slot + 1, procs=4, may_claim=True)
-    assert submit.routes() == ["claim"]
+        flow.turn(11.0 + slot * 0.001, idle=[fake_child(slot)], procs=4, may_send_ahead=False)  # it takes the next
+    assert submit.routes() == ["claim"] + ["complete"] * 4  # each turn sends the report of the job done, no claim
 
 
 def test_long_jobs_reserve_nothing_while_every_child_is_busy_and_the_flow_sleeps_until_one_is_due():
@@ -331,7 +332,7 @@ def test_a_claim_held_by_the_budget_gate_wakes_the_loop_when_the_gate_opens():
 
 def test_no_wake_up_for_a_child_inside_the_horizon_when_the_reserve_already_covers_it():
     flow, submit = flow_with_estimates(procs=1, run=0.05)
-    flow.inflight.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # one job waiting
+    flow.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # one job waiting
     at = 10.04
     # not now for the child inside (the job waiting is its next), but when that job, started at 10.05,
     # comes within the horizon of its own end (and half a round trip on)
@@ -411,8 +412,8 @@ def test_enforce_before_the_tables_next_deadline_scans_nothing_and_sends_nothing
 
 def test_a_reserved_job_whose_lease_ran_out_is_dropped_before_any_child_can_take_it():
     flow, submit = flow_with_estimates(procs=1, run=0.05, lease=6)
-    stale = flow.inflight.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # renewal due at 12
-    fresh = flow.inflight.add({"id": "f", "lease_id": "Lf", "queue_name": "q"}, 14.0)
+    stale = flow.add({"id": "w", "lease_id": "Lw", "queue_name": "q"}, 10.0)  # renewal due at 12
+    fresh = flow.add({"id": "f", "lease_id": "Lf", "queue_name": "q"}, 14.0)
     assert flow.enforce(16.5) == []  # the loop did not run from 10 to 16.5: longer than the 6 s lease
     assert flow.inflight.get("w") is None and flow.inflight.get("f") is fresh
     assert [e.id for _, e in flow.claiming.assignments([SimpleNamespace(slot=0, pid=1)])] == ["f"]

@@ -1,5 +1,5 @@
-"""In-process tests of claiming's and settling's decisions (wired as the arbiter wires them,
-tests/support/job_parts.py): claims, reports, renewals, timeouts, lost children.
+"""In-process tests of the jobs wing's decisions, driven through its turn, its facts and its deadlines as
+the arbiter drives them (tests/support/wing_rig.py): claims, reports, renewals, timeouts, lost children.
 
 A fake clock (plain floats passed as `now`) and a recording `submit`; answers are fed to each call's
 followup the way the arbiter's `take_answers` would.
@@ -8,13 +8,13 @@ followup the way the arbiter's `take_answers` would.
 from __future__ import annotations
 
 import pytest
-from support.job_parts import JobParts
 from support.parent_fakes import Hooks, Submit, body, error, fake_child, make_api, make_cfg, timeout_error
+from support.wing_rig import Budget, WingRig
 
 from supervisor import exitcodes
 from supervisor.client import rest as api
 from supervisor.parent.facts import ChildLost, Fatal, JobDone, JobSettled, StopJob
-from supervisor.parent.intake import HISTORY_MIN_JOBS
+from supervisor.parent.jobs.intake import HISTORY_MIN_JOBS
 
 T0 = 100.0
 
@@ -24,7 +24,7 @@ class Rig:
         self.submit = Submit()
         self.hooks = Hooks()
         self.cfg = make_cfg(**cfg)
-        self.flow = JobParts(self.cfg, make_api(), self.submit, self.hooks)
+        self.flow = WingRig(self.cfg, make_api(), self.submit, self.hooks)
 
     def claim(self, now: float, idle: int, jobs: list, answer_at: float | None = None) -> list:
         """Send a claim for `idle` children and answer it with `jobs`; return the answer's facts."""
@@ -32,10 +32,20 @@ class Rig:
         _, followup, first = self.submit.take("claim")
         assert first, "claims go to the front of the HTTP queue"
         at = answer_at if answer_at is not None else now
-        return self.flow.route(followup.answer(jobs, None, at), at)
+        return self.flow.answer(followup, jobs, None, at)
 
-    def maybe_claim(self, now: float, idle: int, may_claim: bool = True, **kwargs) -> None:
-        self.flow.maybe_claim(now, idle, self.cfg.procs, may_claim, **kwargs)
+    def maybe_claim(self, now: float, idle: int, may_claim: bool = True, budget_ok: bool = True,
+                    rate: float | None = None) -> None:
+        """A turn with `idle` idle children (slots 100 on: they take what waits) that may claim."""
+        self.flow.turn(now, idle=[fake_child(100 + n) for n in range(idle)], may_claim=may_claim,
+                       may_send_ahead=False, budget=Budget(budget_ok, rate))
+
+    def claim_only(self, now: float, idle: int, jobs: list) -> list:
+        """Claiming's decision alone, for `idle` children while jobs wait (a turn would give them those),
+        answered with `jobs`; return what the wing makes of the answer."""
+        self.flow.out(self.flow.claiming.maybe_claim(now, idle, self.cfg.procs, True))
+        _, followup, _ = self.submit.take("claim")
+        return self.flow.answer(followup, jobs, None, now)
 
     def deadline(self, now: float, may_claim: bool = False, idle: int = 0) -> float | None:
         return self.flow.next_deadline(now, may_claim, idle)
@@ -48,13 +58,12 @@ class Rig:
     def run(self, job_id: str = "a", slot: int = 0, now: float = T0, **fields) -> None:
         """Claim `job_id` at `now` and start it on `slot` at once."""
         assert self.claim(now, 1, [job(job_id, **fields)]) == []
-        entry = self.flow.inflight.get(job_id)
-        self.flow.started(entry, fake_child(slot), now)
+        self.flow.start(job_id, fake_child(slot), now)
 
     def finish(self, job_id: str = "a", slot: int = 0, ok: bool = True, value=None, now: float = T0 + 1):
         """The child on `slot` answers for `job_id`; return the report call sent for it."""
-        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) is None
-        self.flow.send_reports()
+        assert self.flow.job_done(JobDone(slot, job_id, ok, value), now) == []
+        self.flow.send_reports(now)
         return self.submit.take("complete" if ok else "fail")
 
     def entry(self, job_id: str = "a"):
@@ -84,7 +93,7 @@ def test_claim_answer_with_jobs_adds_entries_and_claims_again_at_once(rig):
     rig.maybe_claim(T0, 2, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
     assert rig.flow.claiming.claim.busy
-    assert followup.answer([job("a"), job("b")], None, T0 + 0.3) == []
+    assert rig.flow.answer(followup, [job("a"), job("b")], None, T0 + 0.3) == []
     assert not rig.flow.claiming.claim.busy
     assert [e.id for e in rig.flow.inflight.unassigned()] == ["a", "b"]
     entry = rig.entry("a")
@@ -142,7 +151,7 @@ def test_429_with_retry_after_holds_claims_even_when_a_child_frees_up(rig):
     rig.run("a", slot=0)
     rig.maybe_claim(T0 + 1, 1, may_claim=True)
     _, followup, _ = rig.submit.take("claim")
-    assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=7), T0 + 1) == []
+    assert rig.flow.answer(followup, None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=7), T0 + 1) == []
     assert rig.flow.claiming.claim_not_before >= T0 + 1 + 7
     rig.finish("a", now=T0 + 2)  # a freed child claims at once ... but not through a 429's wait
     rig.maybe_claim(T0 + 7.9, 1, may_claim=True)
@@ -157,7 +166,7 @@ def test_429_without_retry_after_backs_off_growing(rig):
         now = T0 + 100 * n
         rig.maybe_claim(now, 1, may_claim=True)
         _, followup, _ = rig.submit.take("claim")
-        assert followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED"), now) == []
+        assert rig.flow.answer(followup, None, error(429, "RATE_LIMIT_EXCEEDED"), now) == []
         waits.append(rig.flow.claiming.claim_not_before - now)
     assert rig.flow.claiming.claim_failures == 4
     for n, wait in enumerate(waits, start=1):
@@ -190,18 +199,18 @@ def test_reissued_job_voids_the_old_entry_and_stops_its_child(rig):
     rig.run("a", slot=1)
     old = rig.entry("a")
     facts = rig.claim(T0 + 40, 1, [dict(job("a"), lease_id="L-new")])
-    assert facts == [JobSettled(old.pid, "a", "lease_lost", "handed out again", "heartbeat"),
-                     StopJob(1, "a", "lease_lost")]
+    reissued = "the server handed this job out again under a new lease"
+    assert facts == [JobSettled(old.pid, "a", "lease_lost", reissued, "heartbeat"), StopJob(1, "a", "lease_lost")]
     assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
     new = rig.entry("a")
     assert new is not old and new.lease_id == "L-new" and new.slot is None
     # whatever the old copy's child answers is void
-    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) is None and rig.flow.settling.unsent == []
+    assert rig.flow.job_done(JobDone(1, "a", True, 1), T0 + 41) == [] and rig.flow.settling.unsent == []
 
 
 def test_reissued_job_waiting_for_a_child_needs_no_stop(rig):
     rig.claim(T0, 1, [job("a")])
-    assert rig.claim(T0 + 40, 2, [dict(job("a"), lease_id="L-new")]) == []
+    assert rig.claim_only(T0 + 40, 2, [dict(job("a"), lease_id="L-new")]) == []
     assert rig.entry("a").lease_id == "L-new"
 
 
@@ -217,7 +226,7 @@ def test_reports_go_out_while_a_claim_is_on_the_wire(rig):
     rig.maybe_claim(T0 + 1, 2)
     rig.submit.take("claim")
     rig.flow.job_done(JobDone(0, "a", True, {"x": 1}), T0 + 1.1)
-    rig.flow.send_reports()
+    rig.flow.send_reports(T0 + 1.1)
     call, _, first = rig.submit.take("complete")  # not held behind the claim (the pacer orders calls)
     assert body(call) == {"worker_id": "w-1", "lease_id": "L-a", "result": {"x": 1}} and not first
 
@@ -252,7 +261,7 @@ def test_report_ok_settles_the_job(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 2.5)
     entry = rig.entry("a")
-    assert followup.answer({}, None, T0 + 2.6) == [JobSettled(entry.pid, "a", "completed")]  # for its child's hooks
+    assert rig.flow.answer(followup, {}, None, T0 + 2.6) == [JobSettled(entry.pid, "a", "completed")]  # to its child
     assert rig.entry("a") is None and rig.flow.claiming.drained()
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "completed", 2.5)]
 
@@ -261,7 +270,7 @@ def test_report_of_a_failure_is_labelled_failed(rig):
     rig.run("a", slot=0)
     call, followup, _ = rig.finish("a", ok=False, value="ValueError: x", now=T0 + 1)
     assert body(call)["error"] == "ValueError: x"
-    followup.answer({}, None, T0 + 1.1)
+    rig.flow.answer(followup, {}, None, T0 + 1.1)
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
 
@@ -273,7 +282,7 @@ def test_report_refused_because_the_job_is_no_longer_ours_drops_it(rig, answer):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     entry = rig.entry("a")
     settled = JobSettled(entry.pid, "a", "lease_lost", str(answer), "complete")
-    assert followup.answer(None, answer, T0 + 1.1) == [settled]
+    assert rig.flow.answer(followup, None, answer, T0 + 1.1) == [settled]
     assert rig.entry("a") is None
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "lease_lost", 1.0)]
     assert rig.flow.enforce(T0 + 100) == [] and rig.submit.calls == []  # nothing resent
@@ -283,7 +292,7 @@ def test_report_refused_because_the_job_is_no_longer_ours_drops_it(rig, answer):
 def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    assert followup.answer(None, answer, T0 + 2) == []
+    assert rig.flow.answer(followup, None, answer, T0 + 2) == []
     entry = rig.entry("a")
     assert entry is not None and not entry.report.busy
     due = entry.report_due_at
@@ -296,7 +305,7 @@ def test_report_not_delivered_is_resent_at_its_time_and_not_before(rig, answer):
     assert entry.report_attempts == 2 and entry.report.busy
     rig.flow.enforce(due + 5)
     assert "complete" not in rig.submit.routes()  # one report on the wire at a time
-    followup.answer({}, None, due + 0.1)
+    rig.flow.answer(followup, {}, None, due + 0.1)
     assert rig.entry("a") is None
 
 
@@ -305,7 +314,7 @@ def test_report_retries_back_off_growing(rig):
     _, followup, _ = rig.finish("a", now=T0 + 1)
     now = T0 + 1
     for attempt in range(1, 6):
-        followup.answer(None, error(502), now)
+        rig.flow.answer(followup, None, error(502), now)
         wait = rig.entry("a").report_due_at - now
         top = min(15.0, 0.2 * 2 ** (attempt - 1))
         assert top / 2 <= wait <= top
@@ -317,7 +326,7 @@ def test_report_retries_back_off_growing(rig):
 def test_report_429_waits_for_retry_after(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    followup.answer(None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=12), T0 + 2)
+    rig.flow.answer(followup, None, error(429, "RATE_LIMIT_EXCEEDED", retry_after=12), T0 + 2)
     assert rig.entry("a").report_due_at >= T0 + 14
     rig.flow.enforce(T0 + 13.9)
     assert rig.submit.routes() == ["job_heartbeat"]  # the lease is kept while the report waits
@@ -330,10 +339,10 @@ def test_result_rejected_with_422_becomes_a_failure_report(rig):
     _, followup, _ = rig.finish("a", value={"huge": "x"}, now=T0 + 1)
     answer = error(422, "VALIDATION_ERROR")
     assert isinstance(answer, api.Rejected)
-    assert followup.answer(None, answer, T0 + 1.1) == []
+    assert rig.flow.answer(followup, None, answer, T0 + 1.1) == []
     call, followup, _ = rig.submit.take("fail")
     assert body(call)["error"].startswith("ResultRejected: the API refused this job's result")
-    followup.answer({}, None, T0 + 1.2)
+    rig.flow.answer(followup, {}, None, T0 + 1.2)
     assert rig.entry("a") is None
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "failed", 1.0)]
 
@@ -343,14 +352,15 @@ def test_failure_report_rejected_is_dropped(rig):
     _, followup, _ = rig.finish("a", ok=False, value="boom", now=T0 + 1)
     entry = rig.entry("a")
     refused = error(400, "BAD_REQUEST")
-    assert followup.answer(None, refused, T0 + 1.1) == [JobSettled(entry.pid, "a", "error", str(refused), "fail")]
+    settled = JobSettled(entry.pid, "a", "error", str(refused), "fail")
+    assert rig.flow.answer(followup, None, refused, T0 + 1.1) == [settled]
     assert rig.entry("a") is None and rig.submit.calls == []
 
 
 def test_report_401_is_fatal(rig):
     rig.run("a", slot=0)
     _, followup, _ = rig.finish("a", now=T0 + 1)
-    facts = followup.answer(None, error(401), T0 + 1.1)
+    facts = rig.flow.answer(followup, None, error(401), T0 + 1.1)
     assert [type(f) for f in facts] == [Fatal] and facts[0].code == exitcodes.AUTH
     assert rig.entry("a") is None
 
@@ -372,7 +382,7 @@ def test_answers_for_an_entry_no_longer_held_are_ignored(rig):
     new = rig.entry("a")
     before = list(rig.hooks.events)
     for answer in (None, error(503), error(401), error(422)):
-        assert followup.answer(None, answer, T0 + 3) == []
+        assert rig.flow.answer(followup, None, answer, T0 + 3) == []
     assert followup.recover(T0 + 3) is None
     assert rig.entry("a") is new and new.report_due_at is None and rig.hooks.events == before
     assert rig.submit.calls == []
@@ -396,7 +406,7 @@ def test_renewal_ok_moves_the_lease_from_when_it_was_sent(rig):
     rig.run("a", slot=0)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    assert followup.answer({}, None, T0 + 12) == []
+    assert rig.flow.answer(followup, {}, None, T0 + 12) == []
     entry = rig.entry("a")
     assert entry.lease_until == T0 + 40 and entry.renew_at == T0 + 20 and not entry.renewal.busy
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "ok")]
@@ -408,8 +418,8 @@ def test_renewal_lease_lost_stops_the_child_and_drops_the_job(rig, answer):
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
     pid = rig.entry("a").pid
-    assert followup.answer(None, answer, T0 + 10.1) == [JobSettled(pid, "a", "lease_lost", str(answer), "heartbeat"),
-                                                         StopJob(3, "a", "lease_lost")]
+    assert rig.flow.answer(followup, None, answer, T0 + 10.1) == [
+        JobSettled(pid, "a", "lease_lost", str(answer), "heartbeat"), StopJob(3, "a", "lease_lost")]
     assert rig.entry("a") is None
     assert ("lease_renewed", "lost") in rig.hooks.events
     assert ("job_settled", "q", "lease_lost", None) in rig.hooks.events
@@ -419,7 +429,7 @@ def test_renewal_error_retries_soon(rig):
     rig.run("a", slot=0)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    assert followup.answer(None, error(503), T0 + 11) == []
+    assert rig.flow.answer(followup, None, error(503), T0 + 11) == []
     entry = rig.entry("a")
     assert not entry.renewal.busy and T0 + 11 + 1.0 <= entry.renew_at <= T0 + 11 + 2.0
     assert rig.hooks.named("lease_renewed") == [("lease_renewed", "error")]
@@ -432,7 +442,7 @@ def test_renewal_refused_once_the_outcome_is_known_is_no_lost_lease(rig):
     rig.flow.enforce(T0 + 10)
     _, renew, _ = rig.submit.take("job_heartbeat")
     rig.finish("a", now=T0 + 10.05)  # `complete` on the wire
-    assert renew.answer(None, error(409, "CONFLICT"), T0 + 10.1) == []
+    assert rig.flow.answer(renew, None, error(409, "CONFLICT"), T0 + 10.1) == []
     entry = rig.entry("a")
     assert entry is not None and entry.renew_at == T0 + 12.1
     assert rig.hooks.named("lease_renewed") == [] and rig.hooks.named("job_settled") == []
@@ -442,7 +452,7 @@ def test_renewal_401_is_fatal(rig):
     rig.run("a", slot=0)
     rig.flow.enforce(T0 + 10)
     _, followup, _ = rig.submit.take("job_heartbeat")
-    facts = followup.answer(None, error(401), T0 + 10.1)
+    facts = rig.flow.answer(followup, None, error(401), T0 + 10.1)
     assert [type(f) for f in facts] == [Fatal] and facts[0].code == exitcodes.AUTH
     assert rig.entry("a").renew_at == T0 + 12.1
 
@@ -460,8 +470,8 @@ def test_renewal_answer_for_a_settled_job_is_ignored(rig):
     rig.flow.enforce(T0 + 10)
     _, renew, _ = rig.submit.take("job_heartbeat")
     _, report, _ = rig.finish("a", now=T0 + 10.05)
-    report.answer({}, None, T0 + 10.06)
-    assert renew.answer(None, error(409, "LEASE_EXPIRED"), T0 + 10.1) == []
+    rig.flow.answer(report, {}, None, T0 + 10.06)
+    assert rig.flow.answer(renew, None, error(409, "LEASE_EXPIRED"), T0 + 10.1) == []
     assert rig.hooks.named("lease_renewed") == []
 
 
@@ -469,7 +479,7 @@ def test_renewal_answer_for_a_settled_job_is_ignored(rig):
 
 def test_timeout_stops_the_child_and_fails_the_job(rig):
     rig.claim(T0, 1, [job("a", timeout_seconds=5)])
-    rig.flow.started(rig.entry("a"), fake_child(2, pid=4242), T0 + 3)  # waited 3 s for a child
+    rig.flow.start("a", fake_child(2, pid=4242), T0 + 3)  # waited 3 s for a child
     assert rig.flow.enforce(T0 + 5.5) == []  # 5 s after the claim: not yet, it counts from the start
     assert rig.flow.enforce(T0 + 7.99) == []
     assert rig.flow.enforce(T0 + 8) == [StopJob(2, "a", "timeout")]
@@ -477,7 +487,7 @@ def test_timeout_stops_the_child_and_fails_the_job(rig):
     assert body(call)["error"].startswith("JobTimeout: the job ran past its timeout of 5 s")
     assert "pid 4242" in body(call)["error"]
     assert rig.flow.enforce(T0 + 9) == []  # once
-    followup.answer({}, None, T0 + 8.1)
+    rig.flow.answer(followup, {}, None, T0 + 8.1)
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "timed_out", 5.0)]
 
 
@@ -493,25 +503,25 @@ def test_child_lost_fails_its_job_with_the_error_and_label(rig):
     rig.run("a", slot=1)
     rig.run("b", slot=0)
     lost = ChildLost(1, "ChildProcessDied: the child process running this job (pid 7) killed by SIGKILL", "crashed")
-    assert rig.flow.child_lost(lost, T0 + 2) is None
+    assert rig.flow.child_lost(lost, T0 + 2) == []
     call, followup, _ = rig.submit.take("fail")
     assert call.path.endswith("/jobs/a/fail") and body(call)["error"] == lost.error
-    followup.answer({}, None, T0 + 2.1)
+    rig.flow.answer(followup, {}, None, T0 + 2.1)
     assert rig.hooks.named("job_settled") == [("job_settled", "q", "crashed", 2.0)]
     assert rig.entry("b").slot == 0  # the other child's job is untouched
 
 
 def test_child_lost_on_a_slot_without_a_job_does_nothing(rig):
     rig.run("a", slot=0)
-    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) is None
+    assert rig.flow.child_lost(ChildLost(5, "x", "crashed"), T0 + 1) == []
     assert rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
 def test_job_done_for_a_job_no_longer_held_is_dropped(rig):
     rig.run("a", slot=0)
-    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) is None
-    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) is None  # not the child that runs it
-    rig.flow.send_reports()
+    assert rig.flow.job_done(JobDone(0, "zzz", True, 1), T0 + 1) == []
+    assert rig.flow.job_done(JobDone(4, "a", True, 1), T0 + 1) == []  # not the child that runs it
+    rig.flow.send_reports(T0 + 1)
     assert rig.flow.settling.unsent == [] and rig.submit.calls == [] and rig.entry("a").outcome is None
 
 
@@ -535,7 +545,7 @@ def test_an_outcome_not_yet_sent_is_due_at_once(rig):
     rig.run("a", slot=0)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1)
     assert rig.deadline(T0 + 1) == 0.0
-    rig.flow.send_reports()
+    rig.flow.send_reports(T0 + 1)
     assert rig.deadline(T0 + 1) == T0 + 10
 
 
@@ -548,7 +558,7 @@ def test_claim_ahead_measures_the_round_trip_and_claims_for_a_child_about_to_fin
     rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
     assert rig.flow.claiming.claim_rtt.value == pytest.approx(0.02)
     for n, job_id in enumerate(("a", "b")):
-        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+        rig.flow.start(job_id, fake_child(n), T0 + 0.02)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)  # ran 50 ms; "b" is due about now too
     assert rig.intake.run_time.value == pytest.approx(0.05)
     rig.maybe_claim(T0 + 0.07, 1)
@@ -561,7 +571,7 @@ def test_claim_ahead_with_prefetch_n_reserves_at_most_n():
     rig = Rig(prefetch=1)
     rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
     for n, job_id in enumerate(("a", "b")):
-        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+        rig.flow.start(job_id, fake_child(n), T0 + 0.02)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 0.07)
     rig.maybe_claim(T0 + 0.07, 1)
     call, _, _ = rig.submit.take("claim")
@@ -572,17 +582,17 @@ def test_claim_ahead_wakes_when_the_next_busy_child_comes_within_the_horizon():
     rig = Rig(prefetch=None)
     rig.claim(T0, 2, [job("a"), job("b")], answer_at=T0 + 0.02)
     for n, job_id in enumerate(("a", "b")):
-        rig.flow.started(rig.entry(job_id), fake_child(n), T0 + 0.02)
+        rig.flow.start(job_id, fake_child(n), T0 + 0.02)
     rig.flow.job_done(JobDone(0, "a", True, 1), T0 + 1.02)  # 1 s jobs
     rig.claim(T0 + 1.02, 1, [job("c")], answer_at=T0 + 1.04)
-    rig.flow.started(rig.entry("c"), fake_child(0), T0 + 1.04)
-    rig.flow.send_reports()
+    rig.flow.start("c", fake_child(0), T0 + 1.04)
+    rig.flow.send_reports(T0 + 1.04)
     rig.submit.take("complete")
     # "b" was due to end near T0 + 1.02 and still runs: its child is inside the horizon, so a claim is due now
     assert rig.deadline(T0 + 1.5, may_claim=True, idle=0) <= T0 + 1.5
     # once "b" is done (and its report sent), "c" (ends near T0 + 2.04) is the next one: wake within its horizon
     rig.flow.job_done(JobDone(1, "b", True, 1), T0 + 1.5)
-    rig.flow.send_reports()
+    rig.flow.send_reports(T0 + 1.5)
     rig.submit.take("complete")
     at = rig.deadline(T0 + 1.5, may_claim=True, idle=0)
     # the run-time estimate grew with "b"'s 1.48 s (EWMA 1.096 s): "c" ends near T0 + 2.136
@@ -594,11 +604,11 @@ def test_queues_are_claimed_in_strict_priority_skipping_one_that_backs_off():
     rig.maybe_claim(T0, 1)
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"
-    followup.answer([], None, T0)  # hi is empty: it backs off
+    rig.flow.answer(followup, [], None, T0)  # hi is empty: it backs off
     rig.maybe_claim(T0, 1)
     call, followup, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "lo"
-    followup.answer([dict(job("x"), queue_name="lo")], None, T0)
+    rig.flow.answer(followup, [dict(job("x"), queue_name="lo")], None, T0)
     rig.maybe_claim(rig.flow.claiming.queues["hi"].next_claim_at, 2)  # "x" waits for one of the two idle children
     call, _, _ = rig.submit.take("claim")
     assert body(call)["queue_name"] == "hi"  # back to the first queue once its back-off ends
@@ -625,7 +635,7 @@ def test_exhausted_once_every_queue_came_back_short_and_nothing_is_held():
 def test_reserve_waits_are_measured_from_claim_to_start(rig):
     assert rig.flow.claiming.reserve_wait_ms() is None
     rig.claim(T0, 1, [job("a")])
-    rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.25)
+    rig.flow.start("a", fake_child(0), T0 + 0.25)
     assert rig.flow.claiming.reserve_wait_ms() == {"p50": 250.0, "p99": 250.0, "samples": 1}
 
 
@@ -637,15 +647,15 @@ def test_an_outcome_voided_in_the_same_turn_is_not_reported(rig):
     rig.maybe_claim(T0 + 1, 2)
     _, claim, _ = rig.submit.take("claim")
     rig.flow.job_done(JobDone(0, "a", True, {"v": 1}), T0 + 40)
-    claim.answer([dict(job("a"), lease_id="L-new")], None, T0 + 40)  # the old lease is void
-    rig.flow.send_reports()
+    rig.flow.answer(claim, [dict(job("a"), lease_id="L-new")], None, T0 + 40)  # the old lease is void
+    rig.flow.send_reports(T0 + 40)
     assert "complete" not in rig.submit.routes(), "a report was sent for a job no longer held, under its old lease"
 
 
 def test_by_queue_counts_held_and_reserved_jobs_per_queue_in_priority_order():
     rig = Rig(queues=("hi", "lo"))
     rig.claim(T0, 2, [job("a", queue_name="hi"), job("b", queue_name="lo")], answer_at=T0 + 0.02)
-    rig.flow.started(rig.entry("a"), fake_child(0), T0 + 0.02)
+    rig.flow.start("a", fake_child(0), T0 + 0.02)
     counts = rig.flow.claiming.by_queue()
     assert list(counts) == ["hi", "lo"]
     assert counts["hi"] == {"inflight": 1, "reserved": 0, "empty": False}
@@ -665,7 +675,7 @@ def test_a_queues_statistics_are_asked_on_the_first_turn_before_the_daemon_may_c
     assert rig.submit.routes() == []
     rig.maybe_claim(T0 + 0.01, 2, may_claim=False)
     assert rig.submit.routes() == []  # asked once
-    assert followup.answer(short_history(), None, T0 + 0.05) is None
+    assert rig.flow.answer(followup, short_history(), None, T0 + 0.05) == []
     assert rig.intake.run_time.value == pytest.approx(0.02) and rig.flow.claiming.claim_rtt.value == pytest.approx(0.05)
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from supervisor import exitcodes
 from supervisor.config import OPTIONS, ConfigError, load_config
-from supervisor.testing import run_jobs
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())  # wherever tests/ nests it
 KEY = "sp_test_0123456789abcdef"
@@ -154,13 +153,3 @@ def test_the_daemon_exits_2_with_one_line_for_a_bad_file(tmp_path):
                          text=True, timeout=60, env={**clean, **BASE, "PYTHONDONTWRITEBYTECODE": "1"})
     assert out.returncode == exitcodes.CONFIG
     assert out.stderr == f"error: unknown key procz in {path} (did you mean procs?)\n"
-
-
-@pytest.mark.timeout(90)
-def test_the_real_daemon_runs_with_the_settings_of_its_file(tmp_path, spooled_dev_server):
-    path = write(tmp_path, "procs = 2\nmax-result-bytes = 2048\n")
-    done = run_jobs("supervisor.demo_handlers:misbehave",
-                    [{"do": "big_result", "bytes": 100}, {"do": "big_result", "bytes": 5000}],
-                    server=spooled_dev_server, max_retries=0, config=path)
-    assert done[0].status == "completed" and done[0].result == {"blob": "x" * 100}
-    assert done[1].status == "deadletter" and "over the 2048 byte limit" in done[1].last_error

@@ -49,7 +49,7 @@ def test_a_fact_a_handler_returns_is_routed_in_turn(rig, monkeypatch):
     rig.running()
     stopped: list[tuple] = []
     monkeypatch.setattr(rig.arb.pool, "stop_job_child", lambda *args: stopped.append(args))
-    assert rig.arb.claiming.job_started(JobStarted(0, "gone", T0), T0) == [StopJob(0, "gone", "lease_lost")]
+    assert rig.arb.jobs.claiming.job_started(JobStarted(0, "gone", T0), T0) == [StopJob(0, "gone", "lease_lost")]
     rig.arb.route([JobStarted(0, "gone", T0)], T0)  # a child started a job no longer held for it
     assert stopped == [(0, "gone", "lease_lost", T0)]  # the StopJob job_started returned reached the pool
 

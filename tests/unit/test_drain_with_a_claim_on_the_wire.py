@@ -28,7 +28,7 @@ def rig(monkeypatch):
 def claim_on_the_wire(rig: Rig) -> None:
     rig.running()
     rig.arb.feed_children(T0)
-    assert rig.submit.routes() == ["claim"] and rig.arb.claiming.claim.busy
+    assert rig.submit.routes() == ["claim"] and rig.arb.jobs.claiming.claim.busy
 
 
 def test_a_drain_request_waits_for_the_claim_and_starts_none_of_what_it_brings(rig):
@@ -40,7 +40,7 @@ def test_a_drain_request_waits_for_the_claim_and_starts_none_of_what_it_brings(r
     rig.answer("claim", JOBS, now=T0 + 0.05)
     rig.arb.feed_children(T0 + 0.05)
     assert all(not c.chan.sent for c in rig.arb.pool.children.values())  # no child was given a job
-    assert rig.arb.claiming.reserved() == 2 and "claim" not in rig.submit.routes()
+    assert rig.arb.jobs.claiming.reserved() == 2 and "claim" not in rig.submit.routes()
     rig.arb.check_drain(T0 + 0.06)
     assert rig.arb.exit_code == exitcodes.OK and rig.deregistered == [("w-1", 5.0)]  # the deregister hands them back
     assert "fail" not in rig.submit.routes()  # handed back unaltered: no retry spent

@@ -1,4 +1,4 @@
-"""What an idle daemon costs the API beyond its heartbeats, in-process on a fake clock: the real `JobParts`
+"""What an idle daemon costs the API beyond its heartbeats, in-process on a fake clock: the real jobs wing
 and `Wake` against a fake API one round trip away (tests/support/flow_sim.py), for an hour of fake time on an empty
 queue. Listening to the events stream, its claims (the safety poll) plus the stream's connects stay at
 most 0.1 requests/s; polling alone, the empty-queue back-off costs twice that."""
@@ -9,7 +9,7 @@ import math
 
 import pytest
 from support.flow_sim import Sim
-from support.job_parts import JobParts
+from support.wing_rig import WingRig
 
 from supervisor.devserver.realtime import MAX_STREAM
 from supervisor.ops.nullhooks import NullHooks
@@ -28,7 +28,7 @@ class IdleDaemon(Sim):
     def __init__(self, listen: bool, poll_interval: float, **kw):
         super().__init__(jobs=0, **kw)
         self.cfg = type(self.cfg)(**{**self.cfg.__dict__, "poll_interval": poll_interval})
-        self.flow = JobParts(self.cfg, self.flow.claiming.transport, self._submit, NullHooks())
+        self.flow = WingRig(self.cfg, self.flow.claiming.transport, self._submit, NullHooks())
         self.wake = Wake(listen, ["q"], open_timeout=10.0)
         self.live_at = math.inf  # when the stream being opened answers
         self.ends_at = math.inf  # when the server ends the live stream
@@ -41,11 +41,11 @@ class IdleDaemon(Sim):
         if now >= self.live_at:
             self.live_at, self.ends_at = math.inf, now + MAX_STREAM
             for fact in self.wake.opened(now):
-                self.flow.heard(fact, now)
+                self.flow.take(fact, now)
         if now >= self.ends_at:
             self.ends_at = math.inf
             for fact in self.wake.lost(now, "the server ended the events stream"):
-                self.flow.heard(fact, now)
+                self.flow.take(fact, now)
 
     def idle_for(self, span: float) -> int:
         """Requests sent (claims and the stream's connects) over `span` seconds of fake time."""

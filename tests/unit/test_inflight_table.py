@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 import random
 
-from supervisor.parent.inflight import InFlight, Outcome
+from supervisor.job import Job
+from supervisor.parent.jobs.inflight import InFlight, Outcome
+
+
+def job(raw: dict) -> Job:
+    parsed = Job.parse(raw)
+    assert parsed is not None
+    return parsed
 
 
 def _earliest_due(table: InFlight) -> float:
@@ -25,7 +32,7 @@ def _earliest_due(table: InFlight) -> float:
 
 def test_inflight_schedule_renewals_and_timeouts():
     table = InFlight(lease_secs=30)
-    entry = table.add({"id": "a", "lease_id": "L", "timeout_seconds": 5}, now=100.0)
+    entry = table.add(job({"id": "a", "lease_id": "L", "timeout_seconds": 5}), now=100.0)
     assert table.renewals_due(109.9) == [] and table.renewals_due(110.0) == [entry]
     assert table.unassigned() == [entry]
     table.start(entry, slot=0, pid=42, now=101.0)
@@ -43,12 +50,12 @@ def test_inflight_schedule_renewals_and_timeouts():
 def test_inflight_waiting_follows_every_change_of_an_entry():
     """The table keeps its reserved jobs apart (not rescanned each turn): each way out of waiting is seen."""
     table = InFlight(lease_secs=30)
-    a, b, c = (table.add({"id": i, "lease_id": f"L-{i}"}, now=0.0) for i in "abc")
+    a, b, c = (table.add(job({"id": i, "lease_id": f"L-{i}"}), now=0.0) for i in "abc")
     assert table.unassigned() == [a, b, c] and table.unassigned_count() == 3
     table.start(a, slot=0, pid=1, now=1.0)  # given to a child
     table.record_outcome(b, Outcome(False, "lease lost", "lease_lost"), now=1.0)  # dropped before it started
     assert table.unassigned() == [c]
-    a2 = table.add({"id": "a", "lease_id": "L-a2"}, now=2.0)  # re-issued under a new lease while a runs
+    a2 = table.add(job({"id": "a", "lease_id": "L-a2"}), now=2.0)  # re-issued under a new lease while a runs
     assert table.unassigned() == [c, a2]
     table.record_outcome(a, Outcome(True, None, "completed"), now=3.0)  # the old copy ending leaves the new one waiting
     assert table.unassigned() == [c, a2]
@@ -68,7 +75,7 @@ def test_inflight_deadline_bound_is_never_later_than_any_deadline_and_exact_afte
         op = rng.randrange(9)
         if op == 0 or e is None:
             n += 1
-            table.add({"id": f"j{n}", "lease_id": "L", "timeout_seconds": rng.choice([None, 0, 1, 5, 60])}, now)
+            table.add(job({"id": f"j{n}", "lease_id": "L", "timeout_seconds": rng.choice([None, 0, 1, 5, 60])}), now)
         elif op == 1 and e in table.unassigned():
             table.start(e, slot=0, pid=1, now=now)
         elif op == 2 and e.outcome is None:

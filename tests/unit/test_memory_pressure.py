@@ -130,7 +130,7 @@ def rig(monkeypatch):
 
 def check(rig, now: float) -> None:
     rig.arb.check_memory(now)
-    rig.arb.settling.send_reports()
+    rig.arb.jobs.settling.send_reports()
 
 
 def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_renews_and_reports(rig):
@@ -140,7 +140,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     jobs = [{"id": j, "lease_id": f"L-{j}", "queue_name": "q"} for j in ("a", "b", "c")]
     rig.answer("claim", jobs, now=T0)  # two children, three jobs: one is reserved
     arb.feed_children(T0)
-    assert arb.claiming.reserved() == 1 and arb.pool.busy_count() == 2
+    assert arb.jobs.claiming.reserved() == 1 and arb.pool.busy_count() == 2
     rig.submit.calls.clear()
 
     rig.source.used = 900
@@ -148,7 +148,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     assert arb.pressure.paused and not arb.may_claim()
     call, _, _ = rig.submit.take("fail")  # the reserved job, handed back
     assert body(call)["error"].startswith("MemoryPressure: handed back unstarted") and "/c/" in call.path
-    assert arb.claiming.reserved() == 0
+    assert arb.jobs.claiming.reserved() == 0
 
     child = rig.child_of("a")
     child.chan.inbox.append({"t": "done", "id": "a", "ok": True, "result": 1})
@@ -156,7 +156,7 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
     arb.feed_children(T0 + 2)  # a child is free, but nothing is claimed or started while paused
     assert rig.submit.routes() == ["complete"]  # the report goes out
     rig.submit.calls.clear()
-    arb.route(arb.settling.enforce(T0 + 10), T0 + 10)  # a third of the lease: what is held is renewed
+    arb.route(arb.jobs.settling.enforce(T0 + 10), T0 + 10)  # a third of the lease: what is held is renewed
     renewed = [c.path for c, _, _ in rig.submit.calls if c.route == "job_heartbeat"]
     assert set(rig.submit.routes()) == {"job_heartbeat"} and any("/b/" in path for path in renewed)
 
@@ -170,8 +170,8 @@ def test_paused_the_arbiter_claims_nothing_hands_reserved_jobs_back_and_still_re
 def test_above_max_the_newest_job_is_failed_and_its_child_stopped(rig):
     rig.running()
     arb = rig.arb
-    rig.hold_job("a", now=T0)
-    rig.hold_job("b", now=T0 + 1)
+    rig.run_job("a", now=T0)
+    rig.run_job("b", now=T0 + 1)
     newest = rig.child_of("b")
     rig.submit.calls.clear()
     rig.source.used = 990

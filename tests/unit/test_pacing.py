@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 from support.flow_sim import Sim, make_cfg
-from support.job_parts import JobParts
+from support.parent_fakes import fake_child
+from support.wing_rig import WingRig
 
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
@@ -195,12 +196,12 @@ def test_when_tokens_are_short_every_wake_up_the_pacer_offers_is_in_the_future()
     assert pacer.claim_ready_at(T0 + 0.25) == pytest.approx(T0 + 0.75)
 
 
-def make_flow(**cfg) -> tuple[JobParts, Pacer, Wire, dict]:
-    """A real JobParts behind a real Pacer on a fake clock (`clock["now"]`), as the arbiter wires them."""
+def make_flow(**cfg) -> tuple[WingRig, Pacer, Wire, dict]:
+    """The real jobs wing behind a real Pacer on a fake clock (`clock["now"]`), as the arbiter wires them."""
     wire = Wire()
     pacer = Pacer(wire, make_cfg(**cfg).max_rps)
     clock = {"now": T0}
-    flow = JobParts(make_cfg(**cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
+    flow = WingRig(make_cfg(**cfg), SpooledAPI("http://127.0.0.1:9", Secret("k")),
                    lambda c, f, first=False: pacer.submit(c, f, first, clock["now"]), NullHooks())
     return flow, pacer, wire, clock
 
@@ -215,11 +216,11 @@ def test_the_claim_wake_up_waits_for_the_budget_instead_of_spinning():
     flow.maybe_claim(T0 + 0.2, 2, 2, True, pacer.allows_claim(T0 + 0.2), pacer.rate)
     assert "claim" not in wire.routes()
     clock["now"] = gate
-    flow.maybe_claim(gate, 2, 2, True, pacer.allows_claim(gate), pacer.rate)
+    flow.turn(gate, idle=[fake_child(100 + n) for n in range(2)], procs=2, may_send_ahead=False, budget=pacer)
     assert wire.routes()[-1] == "claim"
 
 
-# ------------------------------------------------------------------ the JobParts: Retry-After vs a due renewal
+# ------------------------------------------------------------------ the jobs wing: Retry-After vs a due renewal
 
 def rate_limited_error(retry_after: int, limit: float) -> api.ApiError:
     body = {"code": "RATE_LIMIT_EXCEEDED", "message": "Rate limit exceeded", "limit": limit,
@@ -229,22 +230,22 @@ def rate_limited_error(retry_after: int, limit: float) -> api.ApiError:
 
 def test_a_429_on_a_claim_holds_claims_for_retry_after_but_a_due_renewal_goes_at_once():
     flow, pacer, wire, clock = make_flow(procs=2, lease=30)
-    entry = flow.inflight.add({"id": "a", "lease_id": "La", "queue_name": "q"}, T0)  # renewal due at T0 + 10
-    flow.started(entry, SimpleNamespace(slot=0, pid=1), T0)
+    entry = flow.add({"id": "a", "lease_id": "La", "queue_name": "q"}, T0)  # renewal due at T0 + 10
+    flow.started(entry, fake_child(0), T0)
     at = T0 + 9.5
     clock["now"] = at
-    flow.maybe_claim(at, 1, 2, True, pacer.allows_claim(at), pacer.rate)
+    flow.turn(at, idle=[fake_child(100 + n) for n in range(1)], procs=2, may_send_ahead=False, budget=pacer)
     assert wire.routes() == ["queue_stats", "claim"]  # no run time known yet: the queue's statistics first
     followup = wire.sent.pop()[1]
     wire.sent.pop()
     error = rate_limited_error(3, 5)
     pacer.rate_limited(at, error.retry_after, error.body["limit"])  # what take_answers does first
-    followup.answer(None, error, at)
+    flow.answer(followup, None, error, at)
     for t in (at + 0.5, at + 1.0, at + 2.9):  # the child stays idle: still no claim until Retry-After ends
         clock["now"] = t
         pacer.release(t)
         flow.enforce(t)
-        flow.maybe_claim(t, 1, 2, True, pacer.allows_claim(t), pacer.rate)
+        flow.turn(t, idle=[fake_child(100 + n) for n in range(1)], procs=2, may_send_ahead=False, budget=pacer)
         assert "claim" not in wire.routes(), t
         if t >= T0 + 10:
             assert wire.routes() == ["job_heartbeat"]  # the renewal went when due, within the hold
@@ -255,9 +256,9 @@ def test_a_429_on_a_claim_holds_claims_for_retry_after_but_a_due_renewal_goes_at
 
 
 def test_a_renewal_due_the_moment_a_429_empties_the_bucket_waits_one_token_not_the_retry_after():
-    flow, pacer, wire, clock = make_flow(procs=1, lease=30)
-    entry = flow.inflight.add({"id": "a", "lease_id": "La", "queue_name": "q"}, T0)
-    flow.started(entry, SimpleNamespace(slot=0, pid=1), T0)
+    flow, pacer, wire, clock = make_flow(procs=1, lease=30, prefetch=0)  # (no queue statistics asked)
+    entry = flow.add({"id": "a", "lease_id": "La", "queue_name": "q"}, T0)
+    flow.started(entry, fake_child(0), T0)
     due = T0 + 10
     pacer.rate_limited(due, 5, limit=5)  # a 429 with Retry-After 5: claims held until due + 5
     clock["now"] = due

@@ -199,7 +199,7 @@ def check_module(path: Path, fields_of: dict[str, set[str]], containers: frozens
 
 
 def parent_modules() -> list[Path]:
-    return sorted(PARENT.glob("*.py"))
+    return sorted(PARENT.rglob("*.py"))
 
 
 def all_fields() -> dict[str, set[str]]:
@@ -223,7 +223,7 @@ def violations() -> list[Violation]:
 
 
 def test_every_attribute_of_the_parent_is_assigned_only_by_its_own_class():
-    assert {"Arbiter", "ChildPool", "Claiming", "Settling", "InFlight", "Membership", "Pacer", "MemoryPressure",
+    assert {"Arbiter", "ChildPool", "Jobs", "Claiming", "Settling", "InFlight", "Membership", "Pacer", "MemoryPressure",
             "Listener", "OneAtATime"} <= set(all_fields())  # the parts checked
     found = violations()
     assert not found, "state assigned from outside its owner:\n" + "\n".join(map(str, found))
@@ -274,7 +274,11 @@ class Pool:
     assert not any("self.target" in w or "self.children[0]" in w for w in found)
 
 
-PARTS = ("pool", "claiming", "settling", "membership")
+# The parts the arbiter wires (the jobs wing is the package supervisor.parent.jobs), and the jobs wing's own
+# parts, which the wing wires: none imports a sibling, and none the one that wires it.
+PARTS = {"supervisor.parent.pool": "pool.py", "supervisor.parent.membership": "membership.py",
+         "supervisor.parent.jobs": "jobs/*.py"}
+WING_PARTS = ("claiming", "settling")
 
 
 def imports_of(path: Path) -> set[str]:
@@ -289,8 +293,15 @@ def imports_of(path: Path) -> set[str]:
 
 def test_parts_do_not_import_each_other_or_the_arbiter():
     found = []
-    for part in PARTS:
-        others = {f"supervisor.parent.{name}" for name in (*PARTS, "arbiter") if name != part}
-        for module in sorted(imports_of(PARENT / f"{part}.py") & others):
-            found.append(f"supervisor/parent/{part}.py imports {module}")
+    for part, pattern in PARTS.items():
+        others = {name for name in PARTS if name != part} | {"supervisor.parent.arbiter"}
+        for path in sorted(PARENT.glob(pattern)):
+            for module in sorted(imports_of(path)):
+                if any(module == other or module.startswith(other + ".") for other in others):
+                    found.append(f"{path.relative_to(PARENT.parent.parent)} imports {module}")
+    for part in WING_PARTS:
+        others = {f"supervisor.parent.jobs.{name}" for name in (*WING_PARTS, "wing") if name != part}
+        others |= {"supervisor.parent.jobs", "supervisor.parent.arbiter"}
+        for module in sorted(imports_of(PARENT / "jobs" / f"{part}.py") & others):
+            found.append(f"supervisor/parent/jobs/{part}.py imports {module}")
     assert not found, "\n".join(found)

@@ -31,7 +31,7 @@ def rig(monkeypatch):
 
 def test_status_keeps_its_keys_in_their_order(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.arb.publish(T0)
     snap = rig.arb.snapshot()
     assert list(snap) == STATUS_KEYS
@@ -57,7 +57,7 @@ def test_the_snapshot_changes_only_when_published_or_at_a_phase_change(rig):
     rig.running()
     rig.arb.publish(T0)
     assert rig.arb.next_publish_at == T0 + PUBLISH_EVERY
-    rig.hold_job("a")
+    rig.run_job("a")
     assert rig.arb.snapshot()["inflight"] == 0  # the job came after the last publish
     rig.signal(signal.SIGTERM, now=T0 + 0.01)  # a phase change is published at once
     snap = rig.arb.snapshot()
@@ -71,7 +71,7 @@ def test_reading_the_snapshot_touches_no_part(rig, monkeypatch):
     def boom(*args):
         raise AssertionError("the health thread reached into a part")
 
-    for part in (rig.arb.pool, rig.arb.claiming, rig.arb.settling, rig.arb.inflight, rig.arb.membership,
+    for part in (rig.arb.pool, rig.arb.jobs.claiming, rig.arb.jobs.settling, rig.arb.jobs.inflight, rig.arb.membership,
                  rig.arb.pacer, rig.arb.pressure, rig.arb.listener):
         monkeypatch.setattr(part, "stats", boom)
     monkeypatch.setattr(rig.arb, "worker_status", boom)
@@ -95,7 +95,7 @@ def test_what_a_turn_changed_is_published_within_publish_every(rig):
 
 def test_a_dead_child_shows_at_the_end_of_the_turn_that_reaped_it(rig):
     rig.running()
-    rig.hold_job("a")
+    rig.run_job("a")
     rig.arb.publish(T0)
     child = rig.child_of("a")
     child.proc.exitcode = -9

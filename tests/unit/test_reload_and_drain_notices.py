@@ -108,7 +108,8 @@ def test_a_drain_ends_a_reload_without_ready(rig, monkeypatch):
 
 def test_a_drain_reports_the_time_the_stop_may_still_take(rig):
     rig.running()
-    rig.arb.inflight.add({"id": "j", "lease_id": "L"}, T0)  # something to drain
+    rig.arb.feed_children(T0)
+    rig.answer("claim", [{"id": "j", "lease_id": "L", "queue_name": "q"}], now=T0)  # something to drain
     rig.signal(signal.SIGTERM, now=T0 + 1)
     assert rig.arb.phase is Phase.DRAINING
     rig.arb.check_drain(T0 + 4)

@@ -64,3 +64,32 @@ def test_the_check_catches_each_way_of_importing_a_test_module():
     for source in ("from support.arbiter_rig import Rig", "from conftest import Daemon",
                    "from supervisor import testing", "import pytest"):
         assert imports_of_test_modules(source, stems) == [], source
+
+
+REAL_PROCESSES = {"dev_server", "daemon_factory", "stopped", "servers", "daemons", "spooled_dev_server"}  # fixtures
+REAL_NAMES = {"DevServer", "Daemon", "run_jobs"}  # what starts the real dev server or daemon
+
+
+def real_process_uses(source: str) -> list[str]:
+    """The tests of `source` that ask for a real dev server or daemon (a fixture, or the classes and helpers
+    that start them)."""
+    tree = ast.parse(source)
+    found = [f"{node.name}({arg.arg})" for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+             for arg in node.args.args if arg.arg in REAL_PROCESSES]
+    found += sorted({f"{name.rsplit('.', 1)[-1]}" for name in imported_names(source)
+                     if name.rsplit(".", 1)[-1] in REAL_NAMES})
+    return found
+
+
+def test_unit_tests_start_no_real_dev_server_or_daemon():
+    """unit/ runs in process (seconds for the whole directory); what needs the real processes is in integration/."""
+    offenders = {str(p.relative_to(TESTS)): found for p in module_files() if p.parent.name == "unit"
+                 if (found := real_process_uses(p.read_text()))}
+    assert offenders == {}
+
+
+def test_the_split_check_catches_a_real_process_in_unit():
+    assert real_process_uses("def test_x(dev_server):\n    pass\n") == ["test_x(dev_server)"]
+    assert real_process_uses("from supervisor.testing import run_jobs\n") == ["run_jobs"]
+    assert real_process_uses("from conftest import DevServer, wait_until\n") == ["DevServer"]
+    assert real_process_uses("from conftest import wait_until\ndef test_y(tmp_path):\n    pass\n") == []

@@ -84,24 +84,24 @@ def test_a_drain_closes_the_stream():
 def test_an_empty_claim_waits_for_the_safety_poll_unless_a_job_was_announced_meanwhile():
     sim = Sim(procs=2, jobs=0, rtt=0.02)
     flow, now = sim.flow, sim.now
-    flow.heard(Listening(True), now)
+    flow.take(Listening(True), now)
     flow.maybe_claim(now, 2, 2, True)
     assert flow.claiming.claim.busy
     claims = lambda: [p for p in sim.pending if p[2].route == "claim"]  # noqa: E731 (the queue's statistics go too)
     [(_, _, call, (followup, _))] = claims()
-    flow.heard(WorkCreated("q"), now + 0.01)  # announced while the claim was on the wire
-    followup.answer([], None, now + 0.02)
+    flow.take(WorkCreated("q"), now + 0.01)  # announced while the claim was on the wire
+    flow.answer(followup, [], None, now + 0.02)
     assert flow.claiming.queues["q"].next_claim_at == now + 0.02, "claim again at once: the answer may predate the job"
 
     flow.maybe_claim(now + 0.02, 2, 2, True)
     [_, (_, _, _, (again, _))] = claims()
-    again.answer([], None, now + 0.04)
+    flow.answer(again, [], None, now + 0.04)
     wait = flow.claiming.queues["q"].next_claim_at - (now + 0.04)
     assert 0.8 * SAFETY_POLL <= wait <= SAFETY_POLL, "nothing announced: the slow safety poll"
 
-    flow.heard(WorkCreated("q"), now + 1.0)
+    flow.take(WorkCreated("q"), now + 1.0)
     assert flow.claiming.queues["q"].next_claim_at == now + 1.0
-    flow.heard(Listening(False), now + 2.0)
+    flow.take(Listening(False), now + 2.0)
     assert not flow.claiming.listening
 
 
@@ -118,7 +118,7 @@ def test_a_one_queue_stream_is_filtered_by_the_server_so_its_events_are_not_read
 def test_a_job_failed_with_retries_left_is_claimed_when_its_back_off_ends_not_at_the_safety_poll():
     sim = Sim(procs=1, jobs=0, rtt=0.02)
     flow, now = sim.flow, sim.now
-    flow.heard(Listening(True), now)
+    flow.take(Listening(True), now)
     intake = flow.claiming.queues["q"]
     intake.retry_due(now + 2.55)  # what a fail of a job on its second try (retry_count 1) expects
     intake.answered(1, 0, now + 0.1, 5.0, listening=True, sent_at=now + 0.05)
@@ -132,18 +132,18 @@ def test_the_retry_time_follows_the_servers_back_off():
 
     sim = Sim(procs=1, jobs=0, rtt=0.02)
     flow, now = sim.flow, sim.now
-    flow.heard(Listening(True), now)
+    flow.take(Listening(True), now)
     for retry_count, delay in ((0, 1), (3, 8), (9, 60)):
         job = {"id": f"j{retry_count}", "lease_id": "L", "queue_name": "q", "retry_count": retry_count,
                "max_retries": 10}
         flow.claiming.on_claim(flow.claiming.queues["q"], 1, now, [job], None, now)
-        [(child, entry)] = flow.claiming.assignments(sim.children[:1])
-        flow.started(entry, child, now)
-        flow.job_done(JobDone(child.slot, entry.id, False, "boom"), now)
-        flow.send_reports()
+        child = sim.children[0]
+        flow.start(job["id"], child, now)
+        flow.job_done(JobDone(child.slot, job["id"], False, "boom"), now)
+        flow.send_reports(now)
         [(_, _, call, (followup, _))] = [p for p in sim.pending if p[2].route == "fail"]
         sim.pending.clear()
-        flow.route(followup.answer(None, None, now), now)
+        flow.answer(followup, None, None, now)
         assert max(flow.claiming.queues["q"].retries_due) == pytest.approx(now + delay + 0.55)
 
 

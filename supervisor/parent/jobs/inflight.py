@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from supervisor.job import Job
 from supervisor.parent.single import OneAtATime
 
 
@@ -38,7 +39,7 @@ class Entry:
     """One job this worker holds: the job as claimed, its lease, the child that has it and how it ended.
     `InFlight`'s record: only its methods change the fields (`renewal` and `report` are its calls on the wire)."""
 
-    job: dict  # the job as the claim answered it
+    job: Job  # the job as the claim answered it
     claimed_at: float
     lease_until: float  # when the lease runs out unless renewed
     renew_at: float  # when to renew it next
@@ -56,15 +57,15 @@ class Entry:
 
     @property
     def id(self) -> str:
-        return self.job["id"]
+        return self.job.id
 
     @property
     def lease_id(self) -> str:
-        return self.job.get("lease_id") or ""
+        return self.job.lease_id
 
     @property
     def queue(self) -> str:
-        return self.job.get("queue_name") or ""
+        return self.job.queue
 
 
 def job_fields(entry: Entry, worker_id: str, now: float) -> dict:
@@ -92,17 +93,17 @@ class InFlight:
         return len(self.jobs)
 
     # -- entering and leaving --
-    def add(self, job: dict, now: float) -> Entry:
+    def add(self, job: Job, now: float) -> Entry:
         entry = Entry(job=job, claimed_at=now, lease_until=now + self.lease_secs, renew_at=now + self.renew_every)
-        self.jobs[job["id"]] = self._unassigned[job["id"]] = entry
+        self.jobs[job.id] = self._unassigned[job.id] = entry
         self._lower(entry.renew_at)
         return entry
 
     def get(self, job_id: str | None) -> Entry | None:
         return self.jobs.get(job_id) if job_id is not None else None
 
-    def holds(self, entry: Entry) -> bool:
-        """`entry` is still the one held for its job (not settled, not replaced by a re-issue)."""
+    def current(self, entry: Entry) -> bool:
+        """`entry` is still the table's entry for its job (not settled, not replaced by a re-issue)."""
         return self.jobs.get(entry.id) is entry
 
     def pop(self, job_id: str) -> Entry | None:
@@ -138,11 +139,19 @@ class InFlight:
         self._unassigned[entry.id] = entry
         self._lower(self._renewal_deadline(entry))
 
+    def unstart(self, entry: Entry) -> None:
+        """The job given to an idle child never reached it (its socket was gone): it is unassigned again."""
+        self._not_running(entry)
+        entry.slot = entry.pid = entry.started_at = entry.timeout_at = None
+        self._unassigned[entry.id] = entry
+        self._lower(self._renewal_deadline(entry))
+
     def start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
+        """A child on `slot` started `entry` at `now` (given to it idle, or the held job it started)."""
         self._not_reserved(entry)
         self._running[slot] = entry
         entry.slot, entry.pid, entry.started_at = slot, pid, now
-        timeout = entry.job.get("timeout_seconds")
+        timeout = entry.job.timeout_seconds
         entry.timeout_at = now + float(timeout) if timeout and timeout > 0 else None
         self._lower(entry.timeout_at)
 

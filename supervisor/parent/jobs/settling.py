@@ -5,7 +5,8 @@ enforced, lost leases given up on.
 timeout, a memory cap, a reserved job handed back), reports each outcome (complete or fail, one report of
 a job on the wire at a time, retried until the API answers), renews the lease of every job held, and
 drops a job whose lease is lost (a `RecallJob` or `StopJob` for the child that has it). It never changes a
-child: it answers with facts. A job is settled once the API acknowledged its outcome.
+child: it answers with facts, and the calls it wants sent are facts too (`Send`). A job is settled once
+the API acknowledged its outcome. It is one of the jobs wing's parts (supervisor.parent.jobs.wing).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from supervisor.parent.facts import (
     QueueFreed,
     RecallJob,
     RetryDue,
+    Send,
     StopJob,
-    Submit,
 )
-from supervisor.parent.inflight import Entry, InFlight, Outcome, job_fields
+from supervisor.parent.jobs.inflight import Entry, InFlight, Outcome, job_fields
 
 log = logging.getLogger("supervisor")
 
@@ -45,12 +46,11 @@ RETRY_JITTER = 0.55  # seconds: the server adds up to 0.5 s to a retry's back-of
 
 class Settling:
     """Outcomes, reports, renewals, timeouts and lost leases of the jobs in the in-flight table it is
-    given (see the module docstring); every call goes out through `submit(call, followup)`."""
+    given (see the module docstring); every call it wants sent it returns as a `Send`."""
 
-    def __init__(self, cfg: Config, client: Transport, submit: Submit, hooks: NullHooks, inflight: InFlight):
+    def __init__(self, cfg: Config, transport: Transport, hooks: NullHooks, inflight: InFlight):
         self.cfg = cfg
-        self.transport = client  # builds the calls
-        self.submit = submit  # the arbiter's way out to the API
+        self.transport = transport  # builds the calls
         self.hooks = hooks
         self.inflight = inflight  # every job this worker holds (the table is its own part)
         self.unsent: list[Entry] = []  # outcomes recorded this turn, sent by send_reports
@@ -67,7 +67,7 @@ class Settling:
         return {"jobs_settled": self.settled}
 
     def job_fields(self, entry: Entry, now: float) -> dict:
-        """What every job log line carries (supervisor.parent.inflight.job_fields)."""
+        """What every job log line carries (supervisor.parent.jobs.inflight.job_fields)."""
         return job_fields(entry, self.cfg.worker_id, now)
 
     # ------------------------------------------------------------ what children did
@@ -82,46 +82,50 @@ class Settling:
         self.unsent.append(entry)
         return [QueueFreed(entry.queue, entry.duration)]
 
-    def child_lost(self, fact: ChildLost, now: float) -> None:
+    def child_lost(self, fact: ChildLost, now: float) -> list[Fact]:
         """The child on `fact.slot` stopped without answering: fail the job it ran, if any."""
         entry = self.inflight.on_child(fact.slot)
         if entry is None:
-            return
+            return []
         if fact.outcome == "crashed":
             log_event(log, ERROR, "child died during a job", cause=fact.error, **self.job_fields(entry, now))
-        self._fail(entry, fact.error, now, fact.outcome)
+        return self._fail(entry, fact.error, now, fact.outcome)
 
-    def hand_back_reserved(self, error: str, now: float) -> None:
+    def hand_back_reserved(self, error: str, now: float) -> list[Fact]:
         """Give every reserved job (claimed, not started) back to the queue, failed with `error` (the API has
         no release: a fail puts it back, to be retried, by this worker or another)."""
+        out: list[Fact] = []
         for entry in self.inflight.unassigned():
             log_event(log, INFO, "handing a reserved job back", error=error, **self.job_fields(entry, now))
-            self._fail(entry, error, now, "failed")
+            out += self._fail(entry, error, now, "failed")
+        return out
 
     # ------------------------------------------------------------ reporting
-    def send_reports(self) -> None:
-        """Send the outcomes recorded since the last call (after this turn's claim, which goes first)."""
+    def send_reports(self) -> list[Fact]:
+        """The reports of the outcomes recorded since the last call (after this turn's claim, which goes first)."""
         unsent, self.unsent = self.unsent, []
+        out: list[Fact] = []
         for entry in unsent:
-            if self.inflight.holds(entry):
-                self._report(entry)
+            if self.inflight.current(entry) and (send := self._report(entry)) is not None:
+                out.append(send)
+        return out
 
-    def _report(self, entry: Entry) -> None:
+    def _report(self, entry: Entry) -> Send | None:
         """Tell the API how the job ended (complete or fail), once at a time; retried by on_report."""
         if entry.outcome is None or not self.inflight.begin_report(entry):
-            return
+            return None
         out = entry.outcome
         if out.ok:
             call = self.transport.complete_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         else:
             call = self.transport.fail_call(entry.id, self.cfg.worker_id, entry.lease_id, out.value)
         # entry.report's turn is given back by the table (report_answered) on every path, recover_report's too
-        self.submit(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
+        return Send(call, Followup(partial(self.on_report, entry), partial(self.recover_report, entry)))
 
     def on_report(self, entry: Entry, _result: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """A report's answer: settled, refused (lease lost; a result the API refuses is failed instead), or
         retried on a back-off."""
-        if not self.inflight.holds(entry) or entry.outcome is None:
+        if not self.inflight.current(entry) or entry.outcome is None:
             return []  # settled or void meanwhile (lease lost, handed out again)
         self.inflight.report_answered(entry)
         out = entry.outcome
@@ -149,7 +153,7 @@ class Settling:
             log_event(log, ERROR, "the API refused the result; failing the job instead", error=str(error), **fields)
             self.inflight.replace_outcome(entry, Outcome(False, f"ResultRejected: the API refused this job's result: "
                                                                 f"{error}", "failed"))
-            self._report(entry)
+            return self._sent(entry)
         elif isinstance(error, api.Rejected):
             self.inflight.pop(entry.id)
             log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),
@@ -167,14 +171,14 @@ class Settling:
     def _expect_retry(self, entry: Entry, now: float) -> list[Fact]:
         """A failed job with retries left is pending again after min(2^min(retry_count, 6), 60) s plus up
         to 0.5 s of jitter (the server's fixed back-off): have its queue claimed then (`RetryDue`)."""
-        retries, limit = entry.job.get("retry_count"), entry.job.get("max_retries")
-        if not isinstance(retries, int) or not isinstance(limit, int) or retries >= limit:
+        retries, limit = entry.job.retry_count, entry.job.max_retries
+        if retries is None or limit is None or retries >= limit:
             return []
         return [RetryDue(entry.queue, now + min(2 ** min(retries, 6), 60) + RETRY_JITTER)]
 
     def recover_report(self, entry: Entry, now: float) -> None:
         """Handling a report's answer raised: send it again after a second."""
-        if self.inflight.holds(entry):
+        if self.inflight.current(entry):
             self.inflight.report_answered(entry, retry_at=now + 1.0)
 
     # ------------------------------------------------------------ deadlines and leases
@@ -190,27 +194,27 @@ class Settling:
                 # the server has re-queued the job, so this copy must never reach a child.
                 facts += self.lease_lost(entry, "its lease ran out while it waited for a child", now)
         for entry in self.inflight.timed_out(now):
-            timeout = entry.job.get("timeout_seconds")
+            timeout = entry.job.timeout_seconds
             log_event(log, WARNING, "job timed out; stopping its child", timeout_seconds=timeout,
                       **self.job_fields(entry, now))
             if entry.slot is not None:
                 facts.append(StopJob(entry.slot, entry.id, "timeout"))
-            self._fail(entry, f"JobTimeout: the job ran past its timeout of {timeout} s; its child process "
-                              f"(pid {entry.pid}) was stopped", now, "timed_out")
+            facts += self._fail(entry, f"JobTimeout: the job ran past its timeout of {timeout} s; its child process "
+                                       f"(pid {entry.pid}) was stopped", now, "timed_out")
         for entry in self.inflight.reports_due(now):
-            self._report(entry)
+            facts += self._sent(entry)
         for entry in self.inflight.renewals_due(now):
             self.inflight.begin_renewal(entry)
             call = self.transport.renew_lease_call(entry.id, self.cfg.worker_id, entry.lease_id, self.cfg.lease)
             # entry.renewal's turn is given back by the table (renewed, renewal_failed) on every path that keeps it
-            self.submit(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry)))
+            facts.append(Send(call, Followup(partial(self.on_renew, entry, now), partial(self.recover_renew, entry))))
         self.inflight.rescan()
         return facts
 
     def on_renew(self, entry: Entry, sent_at: float, _result: Any, error: api.ApiError | None,
                  now: float) -> list[Fact]:
         """A renewal's answer: the lease runs from `sent_at` again, or is lost, or the renewal is retried."""
-        if not self.inflight.holds(entry):
+        if not self.inflight.current(entry):
             return []
         if error is None:
             self.inflight.renewed(entry, sent_at)
@@ -242,7 +246,7 @@ class Settling:
         """This worker no longer holds the job (the API says so, its lease ran out, or it was handed out
         again): drop it (if the table still has it), send nothing more for it, and have its child (if
         one runs or holds it) stopped or asked to give it back."""
-        if self.inflight.holds(entry):
+        if self.inflight.current(entry):
             self.inflight.pop(entry.id)
         self.hooks.job_settled(entry.queue, "lease_lost", None)
         log_event(log, WARNING, "lease lost; stopping the job's work", error=error, **self.job_fields(entry, now))
@@ -252,10 +256,14 @@ class Settling:
             return [RecallJob(entry.slot, entry.id)]
         return [*tell_child(entry, "lease_lost", error, "heartbeat"), StopJob(entry.slot, entry.id, "lease_lost")]
 
-    def _fail(self, entry: Entry, error: str, now: float, label: str) -> None:
+    def _fail(self, entry: Entry, error: str, now: float, label: str) -> list[Fact]:
         """The job ended without its child's answer (timeout, crash, memory cap): fail it with `error`."""
         self.inflight.record_outcome(entry, Outcome(False, error, label), now)
-        self._report(entry)
+        return self._sent(entry)
+
+    def _sent(self, entry: Entry) -> list[Fact]:
+        send = self._report(entry)
+        return [] if send is None else [send]
 
 
 def tell_child(entry: Entry, settled_as: str, error: str = "", operation: str = "") -> list[Fact]:

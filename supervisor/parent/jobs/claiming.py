@@ -1,13 +1,14 @@
 """Claiming: claim just ahead of need, from the queues in priority order, and hand the jobs to children.
 
-`Claiming` owns the claim timing of every queue (`QueueIntake`, supervisor.parent.intake), the one claim
-on the wire, the claim round trip, and the handing over of reserved jobs: to idle children
-(`assignments`), ahead to busy ones (`holds`), started (`started`, `job_started`) or given back
-(`job_returned`). It reads and fills the in-flight table (supervisor.parent.inflight); what happens to a
-job once a child ends it is `Settling`'s (supervisor.parent.settling). A job handed out again under a new
-lease comes back as a fact (`JobReissued`) for `Settling` to drop the old copy.
+`Claiming` owns the claim timing of every queue (`QueueIntake`, supervisor.parent.jobs.intake), the one
+claim on the wire, the claim round trip, and the handing over of reserved jobs: to idle children
+(`assignments`), ahead to busy ones (`send_ahead`), started (`started`, `job_started`) or given back
+(`job_returned`). It reads and fills the in-flight table (supervisor.parent.jobs.inflight); what happens
+to a job once a child ends it is `Settling`'s (supervisor.parent.jobs.settling). A job handed out again
+under a new lease comes back as a fact (`JobReissued`) for `Settling` to drop the old copy. Both are parts
+of the jobs wing (supervisor.parent.jobs.wing), which routes those facts between them.
 
-Claiming (supervisor.parent.intake decides how many): one claim on the wire at a time, for the
+Claiming (supervisor.parent.jobs.intake decides how many): one claim on the wire at a time, for the
 children that are idle or will be within about two claim round trips, plus a batch when jobs are
 short or requests are scarce. Queues are served in strict priority: a claim goes to the first queue
 that is not backing off after coming back empty (or short); a queue that just gave a job is asked
@@ -20,18 +21,19 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from functools import partial
 from logging import DEBUG, ERROR, WARNING
-from typing import Any
+from typing import Any, Protocol
 
 from supervisor import exitcodes
 from supervisor.backoff import backoff
 from supervisor.client import calls as api
 from supervisor.client.transport import Transport
 from supervisor.config import Config
+from supervisor.job import Job
 from supervisor.ops.logs import log_event
 from supervisor.ops.nullhooks import NullHooks
-from supervisor.parent.childproc import Child
 from supervisor.parent.facts import (
     Fact,
     Fatal,
@@ -42,11 +44,11 @@ from supervisor.parent.facts import (
     JobStarted,
     Listening,
     RecallJob,
+    Send,
     StopJob,
-    Submit,
 )
-from supervisor.parent.inflight import Entry, InFlight, job_fields
-from supervisor.parent.intake import (
+from supervisor.parent.jobs.inflight import Entry, InFlight, job_fields
+from supervisor.parent.jobs.intake import (
     Need,
     QueueIntake,
     Tail,
@@ -60,17 +62,26 @@ from supervisor.parent.single import OneAtATime
 
 log = logging.getLogger("supervisor")
 
+class Worker(Protocol):
+    """A child as the jobs wing reads it (supervisor.parent.childproc.Child)."""
+
+    slot: int
+    pid: int | None
+
+    @property
+    def stays_after_job(self) -> bool: ...  # it stays after its job: it may be sent its next one
+
+
 HELD_LEASE_MARGIN = 1.0  # seconds: a held job is started by its child only this long before its lease ends
 
 
 class Claiming:
     """The claims and the hand-over of claimed jobs to children (see the module docstring). Reads and
-    fills the in-flight table it is given; sends every call through `submit(call, followup)`."""
+    fills the in-flight table it is given; every call it wants sent it returns as a `Send`."""
 
-    def __init__(self, cfg: Config, client: Transport, submit: Submit, hooks: NullHooks, inflight: InFlight):
+    def __init__(self, cfg: Config, transport: Transport, hooks: NullHooks, inflight: InFlight):
         self.cfg = cfg
-        self.transport = client  # builds the calls
-        self.submit = submit  # the arbiter's way out to the API
+        self.transport = transport  # builds the calls
         self.hooks = hooks
         self.inflight = inflight  # every job this worker holds (the table is its own part)
         self.queues = {name: QueueIntake(name) for name in cfg.queues}  # in priority order
@@ -109,7 +120,7 @@ class Claiming:
     def stats(self) -> dict:
         """Plain data for the published snapshot."""
         rtt = self.claim_rtt.value
-        return {"reserved": self.reserved(), "held": self.held(), "queues": self.by_queue(),
+        return {"reserved": self.reserved(), "held": self.inflight.held_count(), "queues": self.by_queue(),
                 "claim_rtt_ms": None if rtt is None else round(rtt * 1000, 2),
                 "reserve_wait_ms": self.reserve_wait_ms()}
 
@@ -142,10 +153,6 @@ class Claiming:
         """Jobs claimed and not yet started: the reserve (those held by busy children included)."""
         return self.inflight.unassigned_count() + self.inflight.held_count()
 
-    def held(self) -> int:
-        """Jobs sent ahead to busy children and not started yet."""
-        return self.inflight.held_count()
-
     # ------------------------------------------------------------ handing jobs to children
     def job_started(self, fact: JobStarted, now: float) -> list[Fact]:
         """A child started the job it held (at `fact.at`): its timeout counts from then. A job no longer
@@ -166,7 +173,7 @@ class Claiming:
             self.inflight.unhold(entry)
         log_event(log, DEBUG, "held job returned", job_id=fact.job_id, slot=fact.slot, kept=kept)
 
-    def assignments(self, idle: list[Child]) -> list[tuple[Child, Entry]]:
+    def assignments(self, idle: Sequence[Worker]) -> list[tuple[Worker, Entry]]:
         """Which idle child takes which unassigned reserved job, oldest job first (none after stop_starting)."""
         if not self.starting or not idle or not self.inflight.unassigned_count():
             return []
@@ -178,7 +185,7 @@ class Claiming:
         spend one of its retries."""
         self.starting = False
 
-    def holds(self, busy: list[Child], now: float) -> list[tuple[Child, Entry]]:
+    def send_ahead(self, busy: Sequence[Worker], now: float) -> list[tuple[Worker, Entry]]:
         """Which busy child (of those that may hold one) is sent which unassigned reserved job ahead, to start it the
         moment its own job ends: only jobs of queues whose jobs are short, for children whose job is
         expected to end soon, the soonest first; never with --prefetch 0 or after stop_starting."""
@@ -206,7 +213,7 @@ class Claiming:
         last renewed) runs out. Later, the child gives it back and the parent decides."""
         return entry.lease_until - min(HELD_LEASE_MARGIN, self.cfg.lease / 10.0)
 
-    def hold(self, entry: Entry, child: Child) -> None:
+    def hold(self, entry: Entry, child: Worker) -> None:
         """`entry` was sent ahead to the busy `child`."""
         self.inflight.hold(entry, child.slot, child.pid)
         log_event(log, DEBUG, "job held", job_id=entry.id, slot=child.slot)
@@ -220,7 +227,7 @@ class Claiming:
         """Ask for every held job back (a drain begins: no child starts a job on its own from now on)."""
         return [RecallJob(e.slot, e.id) for e in self.inflight.held() if e.slot is not None]
 
-    def started(self, entry: Entry, child: Child, now: float) -> None:
+    def started(self, entry: Entry, child: Worker, now: float) -> None:
         self._start(entry, child.slot, child.pid, now)
 
     def _start(self, entry: Entry, slot: int, pid: int | None, now: float) -> None:
@@ -245,35 +252,34 @@ class Claiming:
             intake.retry_due(at)
 
     def maybe_claim(self, now: float, idle: int, procs: int, may_claim: bool, budget_ok: bool = True,
-                    rate: float | None = None) -> None:
+                    rate: float | None = None) -> list[Fact]:
         """Claim for the children that are idle or soon will be (intake.claim_size), from the first queue
         not backing off; one claim on the wire at a time, none while a back-off or the budget holds.
         Before the first claim (from the first turn, while registering), each queue's statistics are asked
         for once, unless requests are scarce (--prefetch 0, a request budget)."""
-        if not self.histories_asked:
-            self.ask_histories(now, rate)
+        out = [] if self.histories_asked else self.ask_histories(now, rate)
         if not may_claim or not budget_ok or self.claim.busy or now < self.claim_not_before:
-            return
+            return out
         intake = next((q for q in self.queues.values() if now >= q.next_claim_at), None)
         if intake is None:
-            return
+            return out
         size = claim_size(self._need(now, idle, procs, rate))
         if size <= 0:
-            return
+            return out
         self.claim.start()
         call = self.transport.claim_call(intake.name, self.cfg.worker_id, size, self.cfg.lease)
-        self.submit(call, self.claim.followup(partial(self.on_claim, intake, size, now), self.recover_claim),
-                    first=True)
+        out.append(Send(call, self.claim.followup(partial(self.on_claim, intake, size, now), self.recover_claim),
+                        first=True))
+        return out
 
-    def ask_histories(self, now: float, rate: float | None) -> None:
+    def ask_histories(self, now: float, rate: float | None) -> list[Fact]:
         """Ask for the statistics of every queue with no run time yet (once), unless requests are scarce."""
         self.histories_asked = True
         if self.cfg.prefetch == 0 or rate:
-            return
-        for intake in self.queues.values():
-            if intake.run_time.value is None:
-                self.submit(self.transport.queue_stats_call(intake.name),
-                            Followup(partial(self.on_history, intake, now), lambda now: None))
+            return []
+        return [Send(self.transport.queue_stats_call(intake.name),
+                     Followup(partial(self.on_history, intake, now), lambda now: None))
+                for intake in self.queues.values() if intake.run_time.value is None]
 
     def on_history(self, intake: QueueIntake, sent_at: float, stats: Any, error: api.ApiError | None,
                    now: float) -> None:
@@ -322,9 +328,10 @@ class Claiming:
         self.claim_not_before = 0.0
         facts: list[Fact] = []
         taken = 0
-        for job in jobs:
-            if not isinstance(job, dict) or not isinstance(job.get("id"), str) or not job.get("lease_id"):
-                log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(job)[:200])
+        for raw in jobs:
+            job = Job.parse(raw)
+            if job is None:
+                log_event(log, ERROR, "claim answer holds a job without an id or lease_id; ignored", job=str(raw)[:200])
                 continue
             facts += self._take_claimed(job, sent_at, now)
             taken += 1
@@ -358,14 +365,14 @@ class Claiming:
         self.claim_not_before = now + wait
         return []
 
-    def _take_claimed(self, job: dict, sent_at: float, now: float) -> list[Fact]:
+    def _take_claimed(self, job: Job, sent_at: float, now: float) -> list[Fact]:
         """Add a claimed job to the table. The same id again means the server re-issued it (our lease had
         expired): the old copy's work and answers are void."""
         facts: list[Fact] = []
-        old = self.inflight.pop(job["id"])
+        old = self.inflight.pop(job.id)
         if old is not None:
             facts.append(JobReissued(old))
         self.inflight.add(job, sent_at)
-        log_event(log, DEBUG, "job claimed", job_id=job["id"], queue=job.get("queue_name"),
+        log_event(log, DEBUG, "job claimed", job_id=job.id, queue=job.raw.get("queue_name"),
                   worker_id=self.cfg.worker_id)
         return facts
