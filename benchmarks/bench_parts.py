@@ -169,6 +169,8 @@ def parts_wing(jobs: int) -> float:
 
 
 def frames_old(jobs: int) -> float:
+    """Dict frames: what each side read of them is read here too (the child's job fields, which its context
+    read, and the parent's `done` fields), so both rows do the same work."""
     from supervisor import exactjson
     from supervisor.child import wire
     job = {**JOB, "id": "j1", "lease_id": "L1"}
@@ -176,24 +178,35 @@ def frames_old(jobs: int) -> float:
     for _ in range(jobs):
         down = wire.encode({"t": "job", "job": job})
         got = exactjson.loads(memoryview(down)[4:])
-        up = wire.encode({"t": "done", "id": got["job"]["id"], "ok": True, "result": {"ok": 1}})
+        assert got.get("t") == "job" and not got.get("held") and got.get("start_by") is None
+        raw = got["job"]
+        fields = (raw["id"], raw.get("queue_name", ""), raw.get("payload"), int(raw.get("retry_count") or 0),
+                  int(raw.get("max_retries") or 0), raw.get("timeout_seconds"), raw.get("lease_id"),
+                  raw.get("lease_expires_at"))
+        up = wire.encode({"t": "done", "id": fields[0], "ok": True, "result": {"ok": 1}})
         msg = exactjson.loads(memoryview(up)[4:])
-        assert msg.get("t") == "done" and bool(msg.get("ok"))
+        following = msg.get("next")
+        ok = bool(msg.get("ok"))
+        value = msg.get("result") if ok else (msg.get("error") or "Job failed")
+        assert msg.get("t") == "done" and ok and value and (msg.get("id") or "") and following is None
     return (time.process_time() - t0) / jobs * 1e6
 
 
 def frames_typed(jobs: int) -> float:
+    """Typed frames: the parent's `JobFrame` of a parsed `Job`, the child's `Done`, each decoded on arrival."""
+    from supervisor import exactjson
     from supervisor.child import wire
     from supervisor.job import Job
     job = Job.parse({**JOB, "id": "j1", "lease_id": "L1"})
     assert job is not None
     t0 = time.process_time()
     for _ in range(jobs):
-        down = wire.encode(wire.JobFrame(job.raw))
-        got = wire.decode_down(memoryview(down)[4:])
-        up = wire.encode(wire.Done(got.job["id"], True, {"ok": 1}))
-        msg = wire.decode_up(memoryview(up)[4:])
-        assert isinstance(msg, wire.Done) and msg.ok
+        down = wire.encode(wire.JobFrame(job))
+        got = wire.decode_down(exactjson.loads(memoryview(down)[4:]))
+        assert isinstance(got, wire.JobFrame) and not got.held
+        up = wire.encode(wire.Done(got.job.id, True, {"ok": 1}))
+        msg = wire.decode_up(exactjson.loads(memoryview(up)[4:]))
+        assert isinstance(msg, wire.Done) and msg.ok and msg.result and msg.id and msg.next is None
     return (time.process_time() - t0) / jobs * 1e6
 
 

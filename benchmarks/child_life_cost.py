@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from supervisor.child import lifecycle, main  # noqa: E402
 from supervisor.child.handler import Handler  # noqa: E402
+from supervisor.child.wire import Settled  # noqa: E402
+from supervisor.job import Job  # noqa: E402
 
 
 def noop(ctx):
@@ -37,8 +39,11 @@ def per_job(jobs: int, one) -> float:
     return best / jobs * 1e6
 
 
-def job(n: int) -> dict:
-    return {"id": f"job-{n}", "queue_name": "q", "payload": {"n": n}, "retry_count": 0, "max_retries": 0}
+def job(n: int) -> Job:
+    parsed = Job.parse({"id": f"job-{n}", "lease_id": f"l-{n}", "queue_name": "q", "payload": {"n": n},
+                        "retry_count": 0, "max_retries": 0})
+    assert parsed is not None
+    return parsed
 
 
 def rows(jobs: int) -> dict[str, float]:
@@ -57,7 +62,7 @@ def rows(jobs: int) -> dict[str, float]:
             else:
                 run(handler, j, "w", 1_000_000)
             if settle:
-                life.take_settled({"t": "settled", "id": j["id"], "as": "completed"})
+                life.take_settled(Settled(j.id, "completed"))
             life.between_jobs()
         return one
 
@@ -85,7 +90,6 @@ def rows(jobs: int) -> dict[str, float]:
     out["hooks"] = per_job(jobs, life_row(lifecycle.Life(lifecycle.hooks_module.hooks_of(worker, "w"), None, 2.0),
                                           settle=True))
 
-    from supervisor.job import Job
     from supervisor.parent.jobs.inflight import Entry
     from supervisor.parent.jobs.settling import tell_child
 
@@ -97,9 +101,7 @@ def rows(jobs: int) -> dict[str, float]:
                 return
 
     pool = Pool()
-    claimed = Job.parse({**job(0), "lease_id": "l-0"})
-    assert claimed is not None
-    entry = Entry(job=claimed, claimed_at=0.0, lease_until=30.0, renew_at=10.0, pid=1234, started_at=1.0)
+    entry = Entry(job=job(0), claimed_at=0.0, lease_until=30.0, renew_at=10.0, pid=1234, started_at=1.0)
 
     def parent(n: int) -> None:
         for fact in tell_child(entry, "completed"):

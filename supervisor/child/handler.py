@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from supervisor import sdkworker
+from supervisor.job import Job
 
 KEY_VARIABLE = "SPOOLED_API_KEY"
 SHARE_HINT = (f"the handler's module reads {KEY_VARIABLE}, which children get only with --share-api-key "
@@ -215,7 +216,7 @@ def install_start_guard() -> None:
 
 # ---------------------------------------------------------------- running a job
 
-def new_context(handler: Any, job: dict, worker_id: str) -> JobContext | AsyncJobContext:
+def new_context(handler: Any, job: Job, worker_id: str) -> JobContext | AsyncJobContext:
     """The context for one job: an AsyncJobContext for a coroutine handler, else a JobContext."""
     is_async = handler.is_async if isinstance(handler, Handler) else _is_async(handler)
     return (AsyncJobContext if is_async else JobContext).from_claim(job, worker_id)
@@ -300,16 +301,16 @@ class _Job:
         return self.job_id
 
     @classmethod
-    def from_claim(cls, job: dict, worker_id: str) -> Any:
+    def from_claim(cls, job: Job, worker_id: str) -> Any:
         return cls(
-            job_id=job["id"],
-            queue_name=job.get("queue_name", ""),
-            payload=job.get("payload"),  # type: ignore[arg-type]  # any JSON the job was created with
-            retry_count=int(job.get("retry_count") or 0),
-            max_retries=int(job.get("max_retries") or 0),
-            timeout_seconds=job.get("timeout_seconds"),
-            lease_id=job.get("lease_id"),
-            lease_expires_at=job.get("lease_expires_at"),
+            job_id=job.id,
+            queue_name=job.queue,
+            payload=job.payload,  # any JSON the job was created with, exact
+            retry_count=job.retry_count or 0,
+            max_retries=job.max_retries or 0,
+            timeout_seconds=job.timeout_seconds,  # type: ignore[arg-type]  # as the API gave it
+            lease_id=job.lease_id,
+            lease_expires_at=job.lease_expires_at,
             worker_id=worker_id,
         )
 

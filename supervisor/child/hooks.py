@@ -27,6 +27,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.child.wire import Settled
+from supervisor.job import Job
+
 log = logging.getLogger("supervisor.child")
 
 WANT_SETTLED = ("job:completed", "job:failed", "job:lease_lost", "error")  # what needs the parent's `settled`
@@ -57,8 +60,8 @@ class Hooks:
         self.registered = registered
         self.worker_id, self.queue = worker_id, queue
         self.wants_settled = any(event in registered for event in WANT_SETTLED)
-        self.awaiting: dict[str, tuple[dict, Any]] = {}  # job id -> (job, the handler's result), done, not settled
-        self.settled: list[dict] = []  # the parent's `settled` frames not acted on yet
+        self.awaiting: dict[str, tuple[Job, Any]] = {}  # job id -> (job, the handler's result), done, not settled
+        self.settled: list[Settled] = []  # the parent's `settled` frames not acted on yet
         self._logged: set[int] = set()  # the hooks whose failure was logged
 
     # ---------------------------------------------------------------- the child's life
@@ -69,51 +72,49 @@ class Hooks:
         self.emit("stopped", lambda t: t.StoppedEventData(worker_id=self.worker_id, reason="graceful"))
 
     # ---------------------------------------------------------------- a job
-    def job_begins(self, job: dict) -> None:
-        job_id, queue = job["id"], job.get("queue_name", "")
+    def job_begins(self, job: Job) -> None:
+        job_id, queue = job.id, job.queue
         self.emit("job:claimed", lambda t: t.JobClaimedEventData(job_id=job_id, queue_name=queue))
         self.emit("job:started", lambda t: t.JobStartedEventData(job_id=job_id, queue_name=queue))
 
-    def job_ended(self, job: dict, seen: dict) -> None:
+    def job_ended(self, job: Job, seen: dict) -> None:
         """Remember the job (and its result) until the parent says how the server took its outcome."""
         if not self.wants_settled:
             return
         if len(self.awaiting) >= MAX_AWAITING:
             self.awaiting.pop(next(iter(self.awaiting)))
-        self.awaiting[job["id"]] = (job, seen.get("result"))
+        self.awaiting[job.id] = (job, seen.get("result"))
 
-    def take_settled(self, msg: dict) -> None:
+    def take_settled(self, frame: Settled) -> None:
         """A `settled` frame came: acted on by `run_settled`, between jobs."""
-        self.settled.append(msg)
+        self.settled.append(frame)
 
-    def run_settled(self, running: dict | None = None) -> None:
+    def run_settled(self, running: Job | None = None) -> None:
         """Run the hooks of the `settled` frames that came, for jobs this child ran (`running`: the job it
         was running when the daemon stopped it, whose frame may have come just before)."""
         frames, self.settled = self.settled, []
-        for msg in frames:
-            job_id = msg.get("id")
-            if not isinstance(job_id, str):
-                continue
-            if running is not None and job_id == running.get("id"):
+        for frame in frames:
+            job_id = frame.id
+            if running is not None and job_id == running.id:
                 self.awaiting[job_id] = (running, None)
             remembered = self.awaiting.pop(job_id, None)
             if remembered is not None:
-                self._settled(msg, *remembered)
+                self._settled(frame, *remembered)
 
-    def _settled(self, msg: dict, job: dict, result: Any) -> None:
-        job_id, queue = job["id"], job.get("queue_name", "")
-        settled_as, text = msg.get("as"), str(msg.get("error") or "")
+    def _settled(self, frame: Settled, job: Job, result: Any) -> None:
+        job_id, queue = job.id, job.queue
+        settled_as, text = frame.settled_as, frame.error
         if settled_as == "completed":
             self.emit("job:completed", lambda t: t.JobCompletedEventData(job_id=job_id, queue_name=queue,
                                                                          result=result))
         elif settled_as == "failed":
-            will_retry = int(job.get("retry_count") or 0) < int(job.get("max_retries") or 0)
+            will_retry = (job.retry_count or 0) < (job.max_retries or 0)
             self.emit("job:failed", lambda t: t.JobFailedEventData(job_id=job_id, queue_name=queue, error=text,
                                                                    will_retry=will_retry))
         elif settled_as == "lease_lost":
-            operation = str(msg.get("operation") or "heartbeat")
+            operation = frame.operation or "heartbeat"
             self.emit("job:lease_lost", lambda t: t.JobLeaseLostEventData(
-                job_id=job_id, queue_name=queue, lease_id=job.get("lease_id"), operation=operation,
+                job_id=job_id, queue_name=queue, lease_id=job.lease_id, operation=operation,
                 error=_lease_error(text)))
         elif settled_as == "error":
             self.emit("error", lambda t: t.ErrorEventData(error=ReportRefused(text)))

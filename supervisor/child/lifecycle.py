@@ -35,6 +35,8 @@ from typing import Any
 from supervisor.child import hooks as hooks_module
 from supervisor.child import preload, tracing
 from supervisor.child.handler import HandlerImportError, HandlerSpecError, parse_spec
+from supervisor.child.wire import Done, Down, Settled
+from supervisor.job import Job
 
 CHILD_INIT_ENV = "SPOOLED_CHILD_INIT"
 EXIT_GRACE_ENV = "SPOOLED_CHILD_EXIT_GRACE"
@@ -95,17 +97,17 @@ class Life:
         self.hooks, self.tracer, self.grace = hooks, tracer, grace
         self.wraps = hooks is not None or tracer is not None
         self.wants_settled = hooks is not None and hooks.wants_settled
-        self.running: dict | None = None  # the job running now, while `run` runs it
-        self.frames: Callable[[], list] = list  # what the parent sent and was not read yet (the child's Inbox)
+        self.running: Job | None = None  # the job running now, while `run` runs it
+        self.frames: Callable[[], list[Down]] = list  # what the parent sent and was not read yet (the child's Inbox)
         self.end_began: float | None = None  # when the parent asked this child to go (monotonic)
 
-    def run(self, job: dict, go: Callable[[dict], dict]) -> dict:
+    def run(self, job: Job, go: Callable[[dict], Done]) -> Done:
         """Run `go(seen)` (the job) with its span and hooks around it; its reply."""
         if self.tracer is not None:
             return self.tracer.run(job, lambda seen: self._run(job, go, seen))
         return self._run(job, go, {})
 
-    def _run(self, job: dict, go: Callable[[dict], dict], seen: dict) -> dict:
+    def _run(self, job: Job, go: Callable[[dict], Done], seen: dict) -> Done:
         hooks = self.hooks
         self.running = job
         if hooks is not None:
@@ -117,9 +119,9 @@ class Life:
         return reply
 
     # ---------------------------------------------------------------- how its jobs settled
-    def take_settled(self, msg: dict) -> None:
+    def take_settled(self, frame: Settled) -> None:
         if self.hooks is not None:
-            self.hooks.take_settled(msg)
+            self.hooks.take_settled(frame)
 
     def between_jobs(self) -> None:
         """Run the hooks of the jobs whose `settled` frame came (no job runs now)."""
@@ -132,7 +134,7 @@ class Life:
         if self.wants_settled:
             self.await_settled(sock, self.frames, self.end_began + self.grace / 2)
 
-    def await_settled(self, sock: socket.socket, frames: Callable[[], list], until: float) -> None:
+    def await_settled(self, sock: socket.socket, frames: Callable[[], list[Down]], until: float) -> None:
         """Read the parent's frames until every job done here settled, or `until` (monotonic)."""
         hooks = self.hooks
         while hooks is not None and hooks.awaiting:
@@ -146,9 +148,9 @@ class Life:
                 arrived = frames()
             except (EOFError, OSError):
                 break
-            for msg in arrived:
-                if msg.get("t") == "settled":
-                    self.take_settled(msg)
+            for frame in arrived:
+                if isinstance(frame, Settled):
+                    self.take_settled(frame)
         self.between_jobs()
 
     def job_stopped(self) -> None:
@@ -157,9 +159,9 @@ class Life:
         if self.hooks is None:
             return
         try:
-            for msg in self.frames():
-                if msg.get("t") == "settled":
-                    self.take_settled(msg)
+            for frame in self.frames():
+                if isinstance(frame, Settled):
+                    self.take_settled(frame)
         except (EOFError, OSError):
             pass
         self.hooks.run_settled(running=self.running)

@@ -40,6 +40,8 @@ from supervisor.child.handler import (
     load_handler,
     new_context,
 )
+from supervisor.child.wire import BootError, Done, Drop, Dropped, JobFrame, Ready, Settled, Started, Stop
+from supervisor.job import Job
 from supervisor.ops.title import set_title
 
 BOOT_ERROR_EXIT = 3
@@ -191,8 +193,8 @@ def _format_error(exc: BaseException, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dict | None = None) -> dict:
-    """Run one job and build the `done` message; never raises (SystemExit included). The result is encoded
+def run_job(handler, job: Job, worker_id: str, max_result_bytes: int, seen: dict | None = None) -> Done:
+    """Run one job and build its `done` frame; never raises (SystemExit included). The result is encoded
     here, once, integers of any size exact; one with no JSON form (NaN, Infinity, a set, an object) fails
     the job with `ResultNotSerializable: ... (float('nan') at result['x'] is not valid JSON)`. `seen`, if
     given, gets the handler's return value ("result") or exception ("error")."""
@@ -206,12 +208,11 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dic
     except SystemExit as exc:
         if seen is not None:
             seen["error"] = exc
-        return {"t": "done", "id": job["id"], "ok": False,
-                "error": f"SystemExit: handler called sys.exit({exc.code!r})"}
+        return Done(job.id, False, error=f"SystemExit: handler called sys.exit({exc.code!r})")
     except BaseException as exc:  # KeyboardInterrupt included: the job fails, the child lives
         if seen is not None:
             seen["error"] = exc
-        return {"t": "done", "id": job["id"], "ok": False, "error": format_error(exc)}
+        return Done(job.id, False, error=format_error(exc))
     finally:
         _running = None
         logs.job_ended()
@@ -221,12 +222,12 @@ def run_job(handler, job: dict, worker_id: str, max_result_bytes: int, seen: dic
         encoded = exactjson.dumps_strict(result, "result")
     except exactjson.NotJSON as exc:
         error = _scrub(f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})")
-        return {"t": "done", "id": job["id"], "ok": False, "error": error[:ERROR_LIMIT]}
+        return Done(job.id, False, error=error[:ERROR_LIMIT])
     if len(encoded) > max_result_bytes:
         error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
                  f"{max_result_bytes} byte limit")
-        return {"t": "done", "id": job["id"], "ok": False, "error": error}
-    return {"t": "done", "id": job["id"], "ok": True, "result": orjson.Fragment(encoded)}
+        return Done(job.id, False, error=error)
+    return Done(job.id, True, orjson.Fragment(encoded))
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,
@@ -256,7 +257,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     except BaseException as exc:
         logs.settle()
         try:
-            wire.write_frame(sock, {"t": "boot_error", "error": boot_error_text(exc)})
+            wire.write_frame(sock, BootError(boot_error_text(exc)))
         finally:
             os._exit(BOOT_ERROR_EXIT)
     logs.settle()
@@ -284,13 +285,11 @@ def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_b
     if life is not None:
         _life = life
     _life.frames = inbox.arrived
-    ready = {"t": "ready", "pid": os.getpid(), "keeper": keeper, "about": getattr(handler, "about", None) or None}
-    if _life.wants_settled:
-        ready["wants_settled"] = True
-    wire.write_frame(sock, ready)
+    about = getattr(handler, "about", None) or None
+    wire.write_frame(sock, Ready(os.getpid(), keeper, about, _life.wants_settled))
     set_title(f"{title} idle")
-    held: dict[str, dict] = {}  # the parent's `job` frames not started yet, by job id, in the order sent
-    job: dict | None = None
+    held: dict[str, JobFrame] = {}  # the parent's `job` frames not started yet, by job id, in the order sent
+    job: Job | None = None
     going = True
     while going:
         if job is None:
@@ -301,7 +300,7 @@ def serve(sock: socket.socket, handler, title: str, worker_id: str, max_result_b
     _life.ending(sock)
 
 
-def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, dict]) -> tuple[dict | None, bool]:
+def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, JobFrame]) -> tuple[Job | None, bool]:
     """Idle: wait for the parent's frames and return the job to start, if any, and whether to go on."""
     try:
         frames = inbox.arrived(wait=True)
@@ -310,21 +309,21 @@ def take_next(sock: socket.socket, inbox: wire.Inbox, held: dict[str, dict]) -> 
     out, stop = take_frames(frames, held)
     job = None
     if stop:
-        out += [{"t": "dropped", "id": job_id} for job_id in held]
+        out += [Dropped(job_id) for job_id in held]
     else:
-        msg = next_held(held, out)
-        if msg is not None:
-            job = msg["job"]
-            if msg.get("held"):  # sent as a held job: the parent learns here that it started
-                out.append({"t": "started", "id": job["id"], "at": time.monotonic()})
+        frame = next_held(held, out)
+        if frame is not None:
+            job = frame.job
+            if frame.held:  # sent as a held job: the parent learns here that it started
+                out.append(Started(job.id, time.monotonic()))
     return job, _write(sock, out) and not stop
 
 
-def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict], inbox: wire.Inbox, title: str,
-                  worker_id: str, max_result_bytes: int) -> tuple[dict | None, bool]:
+def run_then_next(sock: socket.socket, handler, job: Job, held: dict[str, JobFrame], inbox: wire.Inbox, title: str,
+                  worker_id: str, max_result_bytes: int) -> tuple[Job | None, bool]:
     """Run `job`, read what the parent sent meanwhile, and start the next held job at once, naming it in
     the `done` frame. Returns that job (None if none is held) and whether to go on."""
-    set_title(f"{title} busy {job['id']}")
+    set_title(f"{title} busy {job.id}")
     global _jobs_run
     _jobs_run += 1
     started = group.JobProcesses(_socket_inode(sock), _jobs_run)
@@ -335,17 +334,17 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
     try:
         frames = inbox.arrived()
     except (EOFError, OSError):
-        frames = [{"t": "stop"}]
+        frames = [Stop()]
     out, stop = take_frames(frames, held)
-    msg = None
+    frame = None
     if stop:
-        out += [{"t": "dropped", "id": job_id} for job_id in held]
+        out += [Dropped(job_id) for job_id in held]
     else:
-        msg = next_held(held, out)
-    following = msg["job"] if msg is not None else None
+        frame = next_held(held, out)
+    following = frame.job if frame is not None else None
     if following is not None:
-        reply["next"], reply["started"] = following["id"], time.monotonic()
-        set_title(f"{title} busy {following['id']}")
+        reply = reply._replace(next=following.id, started=time.monotonic())
+        set_title(f"{title} busy {following.id}")
     else:
         set_title(f"{title} idle")
     going = _write(sock, [*out, reply]) and not stop
@@ -361,39 +360,38 @@ def _socket_inode(sock: socket.socket) -> int | None:
         return None
 
 
-def next_held(held: dict[str, dict], out: list) -> dict | None:
+def next_held(held: dict[str, JobFrame], out: list[wire.Up]) -> JobFrame | None:
     """Take the first held job that may still start: one past its `start_by` (its lease may have run out
     while the parent could not say so) is given back (`dropped`, added to `out`) instead."""
     now = time.monotonic()
     while held:
-        msg = held.pop(next(iter(held)))
-        start_by = msg.get("start_by")
-        if start_by is None or now < start_by:
-            return msg
-        out.append({"t": "dropped", "id": msg["job"]["id"]})
+        frame = held.pop(next(iter(held)))
+        if frame.start_by is None or now < frame.start_by:
+            return frame
+        out.append(Dropped(frame.job.id))
     return None
 
 
-def take_frames(frames: list, held: dict[str, dict]) -> tuple[list, bool]:
+def take_frames(frames: list[wire.Down], held: dict[str, JobFrame]) -> tuple[list[wire.Up], bool]:
     """Apply the parent's frames to the held jobs: `job` adds one, `drop` takes one back (answered
     `dropped`); `settled` (how a job done earlier settled) is kept to act on between jobs. Returns
-    the frames to send and whether `stop` came."""
-    out: list = []
+    the answers to send and whether `stop` came."""
+    out: list[wire.Up] = []
     stop = False
-    for msg in frames:
-        frame = msg.get("t")
-        if frame == "job":
-            held[msg["job"]["id"]] = msg
-        elif frame == "drop" and held.pop(msg.get("id"), None) is not None:
-            out.append({"t": "dropped", "id": msg["id"]})
-        elif frame == "stop":
+    for frame in frames:
+        if isinstance(frame, JobFrame):
+            held[frame.job.id] = frame
+        elif isinstance(frame, Drop):
+            if held.pop(frame.id, None) is not None:
+                out.append(Dropped(frame.id))
+        elif isinstance(frame, Settled):
+            _life.take_settled(frame)
+        else:
             stop = True
-        elif frame == "settled":
-            _life.take_settled(msg)
     return out, stop
 
 
-def _write(sock: socket.socket, msgs: list) -> bool:
+def _write(sock: socket.socket, msgs: list[wire.Up]) -> bool:
     """Send `msgs` (nothing to send is fine); False if the parent has gone."""
     try:
         if len(msgs) == 1:

@@ -17,7 +17,11 @@ import logging
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from supervisor.child.wire import Done
+    from supervisor.job import Job
 
 TRACE_KEY = "_spooled_trace"  # the payload's key holding the producer's W3C trace context
 log = logging.getLogger("supervisor.child")
@@ -37,32 +41,32 @@ class JobTracer:
         self.status, self.error_code = Status, StatusCode.ERROR
         self.worker_id = worker_id
 
-    def run(self, job: dict, go: Callable[[dict], dict]) -> dict:
+    def run(self, job: Job, go: Callable[[dict], Done]) -> Done:
         """`go(seen)` inside the job's span; `seen` gets the handler's exception under "error"."""
-        queue = job.get("queue_name", "")
+        queue = job.queue
         attributes = {"messaging.system": "spooled", "messaging.operation.type": "process",
-                      "messaging.destination.name": queue, "messaging.message.id": job["id"],
-                      "spooled.job.id": job["id"], "spooled.queue": queue,
-                      "spooled.job.attempt": int(job.get("retry_count") or 0) + 1,
+                      "messaging.destination.name": queue, "messaging.message.id": job.id,
+                      "spooled.job.id": job.id, "spooled.queue": queue,
+                      "spooled.job.attempt": (job.retry_count or 0) + 1,
                       "spooled.worker.id": self.worker_id}
         with self.tracer.start_as_current_span(f"spooled.job {queue}", context=self.parent(job), kind=self.consumer,
                                                attributes=attributes, record_exception=False,
                                                set_status_on_exception=False) as span:
             seen: dict = {}
             reply = go(seen)
-            ok = bool(reply.get("ok"))
+            ok = reply.ok
             span.set_attribute("spooled.job.outcome", "completed" if ok else "failed")
             if not ok:
                 error = seen.get("error")
-                text = str(reply.get("error") or "")
+                text = reply.error or ""
                 if isinstance(error, BaseException):
                     span.record_exception(error)
                 span.set_status(self.status(self.error_code, text.split("\n", 1)[0][:300]))
             return reply
 
-    def parent(self, job: dict) -> Any:
+    def parent(self, job: Job) -> Any:
         """The context the job's span continues (its payload's trace context), or None for a new trace."""
-        payload = job.get("payload")
+        payload = job.payload
         carrier = payload.get(TRACE_KEY) if isinstance(payload, dict) else None
         if carrier is None:
             return None
@@ -71,7 +75,7 @@ class JobTracer:
             if self.trace.get_current_span(ctx).get_span_context().is_valid:
                 return ctx
         log.debug("the job's trace context is malformed; its span starts a new trace",
-                  extra={"fields": {"job_id": job["id"], "trace_context": repr(carrier)[:200]}})
+                  extra={"fields": {"job_id": job.id, "trace_context": repr(carrier)[:200]}})
         return None
 
 

@@ -9,12 +9,16 @@ blocks the parent loop, and a payload of several MiB goes through in pieces.
 Child side: `Inbox` reads (blocking for the next frame, or taking only what has arrived) and
 `write_frame` / `write_frames` block, which is what a child wants.
 
-Messages (`t` is the type):
+Each frame is a typed record defined here once and used by both sides (`JobFrame`, `Drop`, `Stop`, `Settled`
+from the parent; `Ready`, `BootError`, `Done`, `Dropped`, `Started` from the child). On the wire it is the JSON object
+it has always been (`t` is the type), built by its `wire()`:
   parent -> child: {"t": "job", "job": {...claimed job...}, "held"?: true, "start_by"?}, {"t": "drop", "id"},
                    {"t": "stop"}, {"t": "settled", "id", "as", "error", "operation"}
   child -> parent: {"t": "ready", "pid", "keeper", "about", "wants_settled"?: true}, {"t": "boot_error", "error"},
                    {"t": "done", "id", "ok": true, "result"}, {"t": "done", "id", "ok": false, "error"},
                    {"t": "dropped", "id"}, {"t": "started", "id", "at"}
+and is read back into its record by `decode_down` (the child) or `decode_up` (the parent), which check
+what they read: a frame of an unknown type, or without what it must carry, is None (ignored).
 
 A job sent to a busy child is *held* (`"held": true`): it waits in the child until the running job
 ends. The child then starts it at once and says so in that job's `done` (`"next": id, "started":
@@ -32,16 +36,181 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from supervisor import exactjson
+from supervisor.job import Job
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 256 * 1024 * 1024
 _READ_CHUNK = 65536  # under malloc's mmap threshold: a bigger recv buffer costs an mmap per call
 
 
-def encode(msg: dict) -> bytes:
-    body = exactjson.dumps(msg)
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+# ------------------------------------------------------------------ parent -> child
+class JobFrame(NamedTuple):
+    """A job to run: at once (an idle child), or `held`, to start when the running one ends and before
+    `start_by` (time.monotonic())."""
+
+    job: Job
+    held: bool = False
+    start_by: float | None = None
+
+    def wire(self) -> dict:
+        if not self.held:
+            return {"t": "job", "job": self.job.raw}
+        return {"t": "job", "job": self.job.raw, "held": True, "start_by": self.start_by}
+
+
+class Drop(NamedTuple):
+    """Give back the held job `id` if it has not started."""
+
+    id: str
+
+    def wire(self) -> dict:
+        return {"t": "drop", "id": self.id}
+
+
+class Stop(NamedTuple):
+    """Exit once the running job (if any) is done; held jobs are given back."""
+
+    def wire(self) -> dict:
+        return {"t": "stop"}
+
+
+class Settled(NamedTuple):
+    """How the job `id` this child ran settled (`settled_as`: completed, failed, lease_lost, or error when
+    the API refused its report), with the error and the call (`operation`) it concerns."""
+
+    id: str
+    settled_as: str
+    error: str = ""
+    operation: str = ""
+
+    def wire(self) -> dict:
+        return {"t": "settled", "id": self.id, "as": self.settled_as, "error": self.error,
+                "operation": self.operation}
+
+
+# ------------------------------------------------------------------ child -> parent
+class Ready(NamedTuple):
+    """The handler is imported: the child's pid, its keeper's, what the handler's SDK worker says, and
+    whether the child wants `settled` frames (its SDK worker has hooks for those events)."""
+
+    pid: int | None
+    keeper: int | None = None
+    about: dict | None = None
+    wants_settled: bool = False
+
+    def wire(self) -> dict:
+        out = {"t": "ready", "pid": self.pid, "keeper": self.keeper, "about": self.about}
+        if self.wants_settled:
+            out["wants_settled"] = True
+        return out
+
+
+class BootError(NamedTuple):
+    """The handler could not be imported: `error` is the traceback."""
+
+    error: str
+
+    def wire(self) -> dict:
+        return {"t": "boot_error", "error": self.error}
+
+
+class Done(NamedTuple):
+    """The job `id` ended: `ok` with `result` (the handler's value, or its JSON already encoded as an
+    orjson.Fragment), else `error`; `next` is the held job started at once, at `started` (monotonic)."""
+
+    id: str
+    ok: bool
+    result: Any = None
+    error: str | None = None
+    next: str | None = None
+    started: float | None = None
+
+    def wire(self) -> dict:
+        out: dict[str, Any] = {"t": "done", "id": self.id, "ok": True, "result": self.result} if self.ok else \
+            {"t": "done", "id": self.id, "ok": False, "error": self.error}
+        if self.next is not None:
+            out["next"], out["started"] = self.next, self.started
+        return out
+
+
+class Dropped(NamedTuple):
+    """The held job `id` given back unstarted."""
+
+    id: str
+
+    def wire(self) -> dict:
+        return {"t": "dropped", "id": self.id}
+
+
+class Started(NamedTuple):
+    """A held job that reached the child once it was idle, started at `at` (monotonic)."""
+
+    id: str
+    at: float | None
+
+    def wire(self) -> dict:
+        return {"t": "started", "id": self.id, "at": self.at}
+
+
+Down = JobFrame | Drop | Stop | Settled
+Up = Ready | BootError | Done | Dropped | Started
+Frame = Down | Up
+
+
+def decode_down(msg: Any) -> Down | None:
+    """The parent's frame `msg` (as JSON decoded it), or None if it is none the child knows."""
+    kind = msg.get("t") if isinstance(msg, dict) else None
+    if kind == "job":
+        job = Job.parse(msg.get("job"))
+        return None if job is None else tuple.__new__(JobFrame, (job, bool(msg.get("held")),
+                                                                 _number(msg.get("start_by"))))
+    if kind == "drop":
+        return Drop(msg["id"]) if isinstance(msg.get("id"), str) else None
+    if kind == "settled":
+        job_id = msg.get("id")
+        if not isinstance(job_id, str):
+            return None
+        return Settled(job_id, str(msg.get("as") or ""), str(msg.get("error") or ""), str(msg.get("operation") or ""))
+    return Stop() if kind == "stop" else None
+
+
+def decode_up(msg: Any) -> Up | None:
+    """The child's frame `msg` (as JSON decoded it), or None if it is none the parent knows or lacks what it
+    must carry (a child is not trusted to send well-formed frames)."""
+    kind = msg.get("t") if isinstance(msg, dict) else None
+    if kind == "done":
+        following = msg.get("next")
+        ok = bool(msg.get("ok"))
+        started = msg.get("started") if following is not None else None
+        return tuple.__new__(Done, (  # (the named tuple's __new__ is a Python function: one call saved a job)
+            msg.get("id") or "", ok, msg.get("result") if ok else None,
+            None if ok else (msg.get("error") or "Job failed"), following if isinstance(following, str) else None,
+            float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None))
+    if kind in ("started", "dropped"):
+        job_id = msg.get("id")
+        if not isinstance(job_id, str):
+            return None
+        return Started(job_id, _number(msg.get("at"))) if kind == "started" else Dropped(job_id)
+    if kind == "ready":
+        keeper, about = msg.get("keeper"), msg.get("about")
+        return Ready(msg.get("pid"), keeper if isinstance(keeper, int) else None,
+                     about if isinstance(about, dict) else None, msg.get("wants_settled") is True)
+    if kind == "boot_error":
+        return BootError(msg.get("error") or "")
+    return None
+
+
+def encode(frame: Frame) -> bytes:
+    """The frame's bytes on the wire: its length, then its JSON object."""
+    body = exactjson.dumps(frame.wire())
     return HEADER.pack(len(body)) + body
 
 
@@ -59,9 +228,9 @@ class Channel:
     def wants_write(self) -> bool:
         return bool(self._out)
 
-    def send(self, msg) -> None:
-        """Queue one message and write as much as the socket takes now; `flush` writes the rest."""
-        self._out += encode(msg)
+    def send(self, frame: Down) -> None:
+        """Queue one frame and write as much as the socket takes now; `flush` writes the rest."""
+        self._out += encode(frame)
         self.flush()
 
     def flush(self) -> None:
@@ -73,9 +242,10 @@ class Channel:
                 return
             del self._out[:n]
 
-    def receive(self) -> list:
-        """Read what is available and return the complete messages. Raises EOFError at end of stream
-        (after handing out, on the call before, any whole message that came in ahead of it)."""
+    def receive(self) -> list[Up]:
+        """Read what is available and return the complete frames the parent knows (`decode_up`). Raises
+        EOFError at end of stream (after handing out, on the call before, any whole frame that came in
+        ahead of it)."""
         if self._eof:
             raise EOFError
         while True:
@@ -94,9 +264,9 @@ class Channel:
         messages = list(self._take_frames())
         if self._eof and not messages:
             raise EOFError
-        return messages
+        return [frame for msg in messages if (frame := decode_up(msg)) is not None]
 
-    def _take_frames(self):
+    def _take_frames(self) -> Iterator[Any]:
         buf = self._in
         pos = 0
         while len(buf) - pos >= HEADER.size:
@@ -135,12 +305,12 @@ class Inbox:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self._in = bytearray()
-        self._frames: list = []
+        self._frames: list[Down] = []
         self._eof = False
 
-    def arrived(self, wait: bool = False) -> list:
-        """Every whole message sent so far (with `wait`, blocking until there is one); a frame begun is
-        read to its end. EOFError when the parent has gone and nothing is left."""
+    def arrived(self, wait: bool = False) -> list[Down]:
+        """Every whole frame the child knows (`decode_down`) sent so far (with `wait`, blocking until there is
+        one); a frame begun is read to its end. EOFError when the parent has gone and nothing is left."""
         while not self._eof and (wait and not self._frames or self._in):
             self._receive(block=True)
         while not self._eof and self._receive(block=bool(self._in)):
@@ -166,22 +336,24 @@ class Inbox:
             end = pos + HEADER.size + size
             if len(buf) < end:
                 break
-            self._frames.append(exactjson.loads(memoryview(buf)[pos + HEADER.size:end]))
+            if (frame := decode_down(exactjson.loads(memoryview(buf)[pos + HEADER.size:end]))) is not None:
+                self._frames.append(frame)
             pos = end
         del buf[:pos]
         return True
 
 
-def read_frame(sock: socket.socket):
-    """Block until one whole message arrives; EOFError when the parent has gone."""
+def read_frame(sock: socket.socket, decode: Callable[[Any], Frame | None] = decode_up) -> Frame | None:
+    """Block until one whole frame arrives, read by `decode` (a child's frame by default; `decode_down` for
+    the parent's); None if `decode` does not know it. EOFError when the other end has gone."""
     (size,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    return exactjson.loads(_recv_exact(sock, size))
+    return decode(exactjson.loads(_recv_exact(sock, size)))
 
 
-def write_frame(sock: socket.socket, msg) -> None:
-    sock.sendall(encode(msg))
+def write_frame(sock: socket.socket, frame: Frame) -> None:
+    sock.sendall(encode(frame))
 
 
-def write_frames(sock: socket.socket, msgs: list) -> None:
-    """Send several messages in one write."""
-    sock.sendall(b"".join(encode(m) for m in msgs))
+def write_frames(sock: socket.socket, frames: list[Up]) -> None:
+    """Send several frames in one write."""
+    sock.sendall(b"".join(encode(f) for f in frames))

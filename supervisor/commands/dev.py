@@ -335,6 +335,7 @@ class Dev:
         """Claim and run one job at a time in this process (breakpoint() works); stop on Ctrl-C."""
         from supervisor.child.handler import load_handler
         from supervisor.child.main import run_job
+        from supervisor.job import Job
 
         sys.path.insert(0, str(self.cwd))
         handler = load_handler(self.args.handler)
@@ -346,20 +347,23 @@ class Dev:
                 if not jobs:
                     self.stop.wait(0.5)
                     continue
-                job = jobs[0]
-                print(self.renderer.event({"msg": "job started", "job_id": job["id"], "queue": queue,
+                job = Job.parse(jobs[0])
+                if job is None:  # no id or lease id: nothing could report it
+                    continue
+                print(self.renderer.event({"msg": "job started", "job_id": job.id, "queue": queue,
                                            "pid": os.getpid()}), flush=True)
                 began = time.monotonic()
                 done = run_job(handler, job, SOLO_WORKER, 1_900_000)
                 took = time.monotonic() - began
-                if done["ok"]:
-                    client.execute(client.complete_call(job["id"], SOLO_WORKER, job["lease_id"], done["result"]))
-                    print(self.renderer.event({"msg": "job completed", "job_id": job["id"], "duration": took}),
+                if done.ok:
+                    client.execute(client.complete_call(job.id, SOLO_WORKER, job.lease_id, done.result))
+                    print(self.renderer.event({"msg": "job completed", "job_id": job.id, "duration": took}),
                           flush=True)
                 else:
-                    client.execute(client.fail_call(job["id"], SOLO_WORKER, job["lease_id"], done["error"]))
-                    print(self.renderer.event({"msg": "job failed", "job_id": job["id"], "duration": took,
-                                               "error": done["error"]}), flush=True)
+                    error = done.error or "Job failed"
+                    client.execute(client.fail_call(job.id, SOLO_WORKER, job.lease_id, error))
+                    print(self.renderer.event({"msg": "job failed", "job_id": job.id, "duration": took,
+                                               "error": error}), flush=True)
             client.deregister(SOLO_WORKER)
         finally:
             client.close()

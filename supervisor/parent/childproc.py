@@ -24,7 +24,7 @@ import psutil
 from supervisor.child import forkservers
 from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
-from supervisor.child.wire import Channel
+from supervisor.child.wire import Channel, Drop, JobFrame, Stop
 from supervisor.config import Config
 from supervisor.job import Job
 from supervisor.ops.logs import log_event, scrub
@@ -89,7 +89,7 @@ class Child:
     def start_job(self, job: Job) -> bool:
         """Send `job` to this idle child; False if its socket is gone (the sentinel reports the death)."""
         try:
-            self.chan.send({"t": "job", "job": job.raw})
+            self.chan.send(JobFrame(job))
         except OSError:
             return False
         self.state, self.job_id = ChildState.BUSY, job.id
@@ -99,7 +99,7 @@ class Child:
         """Send `job` ahead to this busy child, to start when its job ends if that is before `start_by`
         (monotonic), else to give back; False if its socket is gone."""
         try:
-            self.chan.send({"t": "job", "job": job.raw, "held": True, "start_by": start_by})
+            self.chan.send(JobFrame(job, True, start_by))
         except OSError:
             return False
         self.held_id, self.recalling = job.id, False
@@ -110,7 +110,7 @@ class Child:
         if self.held_id != job_id or self.recalling:
             return False
         try:
-            self.chan.send({"t": "drop", "id": job_id})
+            self.chan.send(Drop(job_id))
         except OSError:
             return False  # it is dying: the reap returns the job
         self.recalling = True
@@ -172,7 +172,7 @@ class Child:
         log_group_members(self, reason)
         if graceful:
             try:
-                self.chan.send({"t": "stop"})
+                self.chan.send(Stop())
                 return
             except OSError:
                 pass

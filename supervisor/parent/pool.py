@@ -20,6 +20,7 @@ import psutil
 from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
+from supervisor.child.wire import BootError, Done, Dropped, Ready, Settled, Started
 from supervisor.config import Config
 from supervisor.job import Job
 from supervisor.ops.cgroup import MemorySource
@@ -203,8 +204,7 @@ class ChildPool:
         if child is None:
             return
         try:
-            child.chan.send({"t": "settled", "id": fact.job_id, "as": fact.settled_as, "error": fact.error,
-                             "operation": fact.operation})
+            child.chan.send(Settled(fact.job_id, fact.settled_as, fact.error, fact.operation))
         except OSError:
             return  # it is dying: the sentinel reports it
         self._watch_writes(child)
@@ -278,25 +278,24 @@ class ChildPool:
             self._unwatch(child.chan.sock)
             return []
         facts: list[Fact] = []
-        for msg in messages:
-            frame = msg.get("t")
-            if frame == "ready":
-                if msg.get("wants_settled") is True and child.pid:  # its SDK worker has hooks for those events
-                    self.settle_watchers[child.pid] = child
-                keeper = msg.get("keeper")
-                facts.append(ready := self._ready(child, now, keeper if isinstance(keeper, int) else None))
-                if ready.first and isinstance(msg.get("about"), dict):
-                    self._report_handler(msg["about"])
-            elif frame == "done":
-                facts += self._done(child, msg, now)
-            elif frame == "started" and isinstance(msg.get("id"), str):
-                child.job_started(msg["id"])
-                facts.append(JobStarted(child.slot, msg["id"], _number(msg.get("at"), now)))
-            elif frame == "dropped" and isinstance(msg.get("id"), str):
-                child.job_returned(now, msg["id"])
-                facts.append(JobReturned(child.slot, msg["id"]))
-            elif frame == "boot_error":
-                child.note_boot_error(msg.get("error") or "")
+        for frame in messages:
+            match frame:
+                case Done():
+                    facts += self._done(child, frame, now)
+                case Ready():
+                    if frame.wants_settled and child.pid:  # its SDK worker has hooks for those events
+                        self.settle_watchers[child.pid] = child
+                    facts.append(ready := self._ready(child, now, frame.keeper))
+                    if ready.first and frame.about is not None:
+                        self._report_handler(frame.about)
+                case Started():
+                    child.job_started(frame.id)
+                    facts.append(JobStarted(child.slot, frame.id, _number(frame.at, now)))
+                case Dropped():
+                    child.job_returned(now, frame.id)
+                    facts.append(JobReturned(child.slot, frame.id))
+                case BootError():
+                    child.note_boot_error(frame.error)
         return facts
 
     def flush(self, child: Child) -> None:
@@ -377,9 +376,8 @@ class ChildPool:
         for text, fields in sdkworker.report(self.cfg.handler, about, given):
             log_event(log, INFO if "taken" in fields else WARNING, text, **fields)
 
-    def _done(self, child: Child, msg: dict, now: float) -> list[Fact]:
-        following = msg.get("next")
-        following = following if isinstance(following, str) else None
+    def _done(self, child: Child, frame: Done, now: float) -> list[Fact]:
+        following = frame.next
         child.answered(now, following)
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
@@ -388,12 +386,10 @@ class ChildPool:
             child.note_memory(sample, False)
             if sample is not None and sample.bytes > self.cfg.max_memory_per_child_mb * MiB:
                 self.replace(child, "max_memory")
-        ok = bool(msg.get("ok"))
-        value = msg.get("result") if ok else (msg.get("error") or "Job failed")
-        done = JobDone(child.slot, msg.get("id") or "", ok, value)
+        done = JobDone(child.slot, frame.id, frame.ok, frame.result if frame.ok else frame.error)
         if following is None:
             return [done]
-        return [done, JobStarted(child.slot, following, _number(msg.get("started"), now))]
+        return [done, JobStarted(child.slot, following, _number(frame.started, now))]
 
     def _boot_failed(self, child: Child, cause: str, now: float) -> None:
         failures = self.boot_failures.get(child.slot, 0) + 1

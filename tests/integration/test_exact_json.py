@@ -18,6 +18,7 @@ from supervisor.child import wire
 from supervisor.child.main import run_job
 from supervisor.client import rest as api
 from supervisor.client.httpconn import Response
+from supervisor.job import Job
 
 BIG = 2**80
 EDGES = [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 2**70, -(2**70), 10**40]
@@ -72,13 +73,13 @@ def echo_handler(ctx):
 
 
 def test_run_job_encodes_the_result_once_exactly_or_fails_the_job_naming_the_value():
-    job = {"id": "j1", "lease_id": "l1", "payload": {"answer": {"big": BIG, "neg": -(2**70)}}}
-    done = run_job(echo_handler, job, "w", 1_000_000)
-    assert done["ok"] and isinstance(done["result"], orjson.Fragment)  # encoded once, in the child
+    raw = {"id": "j1", "lease_id": "l1", "payload": {"answer": {"big": BIG, "neg": -(2**70)}}}
+    done = run_job(echo_handler, Job.parse(raw), "w", 1_000_000)
+    assert done.ok and isinstance(done.result, orjson.Fragment)  # encoded once, in the child
     assert json.loads(wire.encode(done)[4:])["result"] == {"big": BIG, "neg": -(2**70)}
-    failed = run_job(echo_handler, {**job, "payload": {"answer": {"x": float("nan")}}}, "w", 1_000_000)
-    assert not failed["ok"]
-    assert failed["error"] == ("ResultNotSerializable: the handler's result could not be encoded as JSON "
+    failed = run_job(echo_handler, Job.parse({**raw, "payload": {"answer": {"x": float("nan")}}}), "w", 1_000_000)
+    assert not failed.ok
+    assert failed.error == ("ResultNotSerializable: the handler's result could not be encoded as JSON "
                                "(float('nan') at result['x'] is not valid JSON)")
 
 
@@ -86,29 +87,29 @@ def test_run_job_encodes_the_result_once_exactly_or_fails_the_job_naming_the_val
 def test_frames_carry_big_integers_both_ways_and_the_result_reaches_the_complete_call_exactly():
     parent, child = socket.socketpair()
     chan = wire.Channel(parent)
-    job = {"id": "j1", "lease_id": "l1", "payload": {"n": 2**70, "edges": EDGES}}
+    job = Job.parse({"id": "j1", "lease_id": "l1", "payload": {"n": 2**70, "edges": EDGES}})
     received = []
-    reader = threading.Thread(target=lambda: received.append(wire.read_frame(child)))
+    reader = threading.Thread(target=lambda: received.append(wire.read_frame(child, wire.decode_down)))
     reader.start()
-    chan.send({"t": "job", "job": job})
+    chan.send(wire.JobFrame(job))
     while chan.wants_write:
         chan.flush()
     reader.join(10)
-    assert received == [{"t": "job", "job": job}] and type(received[0]["job"]["payload"]["n"]) is int
+    assert received == [wire.JobFrame(job)] and type(received[0].job.payload["n"]) is int
 
     wire.write_frame(child, run_job(lambda ctx: {"big": BIG, "line": "a\nb"}, job, "w", 1_000_000))
     wire.write_frame(child, run_job(lambda ctx: None, job, "w", 1_000_000))
-    wire.write_frame(child, {"t": "done", "id": "j1", "ok": False, "error": "boom\nline two"})
+    wire.write_frame(child, wire.Done("j1", False, error="boom\nline two"))
     messages = []
     wait_until(lambda: messages.extend(chan.receive()) or len(messages) == 3, timeout=5)
     ok, none, failed = messages
-    assert ok == {"t": "done", "id": "j1", "ok": True, "result": {"big": BIG, "line": "a\nb"}}
-    assert type(ok["result"]["big"]) is int and none["result"] is None
-    assert failed == {"t": "done", "id": "j1", "ok": False, "error": "boom\nline two"}
+    assert ok == wire.Done("j1", True, {"big": BIG, "line": "a\nb"})
+    assert type(ok.result["big"]) is int and none.result is None
+    assert failed == wire.Done("j1", False, error="boom\nline two")
     spooled = api.SpooledAPI("http://127.0.0.1:1", api.Secret("sp_test_0123456789"))
-    body = json.loads(spooled.complete_call("j1", "w", "l1", ok["result"]).body)
+    body = json.loads(spooled.complete_call("j1", "w", "l1", ok.result).body)
     assert body == {"worker_id": "w", "lease_id": "l1", "result": {"big": BIG, "line": "a\nb"}}
-    assert "result" not in json.loads(spooled.complete_call("j1", "w", "l1", none["result"]).body)
+    assert "result" not in json.loads(spooled.complete_call("j1", "w", "l1", none.result).body)
     parent.close()
     child.close()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.child import wire
 from supervisor.client import rest as api
 from supervisor.client.rest import Secret, SpooledAPI
 from supervisor.config import Config
@@ -111,27 +112,32 @@ class FakeFile:
 
 
 class FakeChan:
-    """The parent's end of a child's socket: `inbox` is what the child 'sent', `sent` what the parent did."""
+    """The parent's end of a child's socket: `inbox` is what the child 'sent' (the JSON objects of its frames,
+    decoded as the real Channel decodes them), `sent` the frames the parent sent (`wire()`: their objects)."""
 
     def __init__(self) -> None:
         self.sock = FakeFile()
-        self.sent: list[dict] = []
+        self.frames: list = []
         self.inbox: list[dict] = []
         self.eof = False
         self.broken = False  # send raises OSError, as for a dead child
         self.wants_write = False
         self.closed = False
 
-    def send(self, msg: dict) -> None:
+    @property
+    def sent(self) -> list[dict]:
+        return [frame.wire() for frame in self.frames]
+
+    def send(self, frame) -> None:
         if self.broken:
             raise OSError("broken pipe")
-        self.sent.append(msg)
+        self.frames.append(frame)
 
-    def receive(self) -> list[dict]:
+    def receive(self) -> list:
         if self.eof:
             raise EOFError
         messages, self.inbox = self.inbox, []
-        return messages
+        return [frame for msg in messages if (frame := wire.decode_up(msg)) is not None]
 
     def flush(self) -> None:
         if self.broken:

@@ -11,6 +11,7 @@ from support import handlers_errors
 from supervisor.child import logs
 from supervisor.child.handler import load_handler
 from supervisor.child.main import FRAMES_NOTE, boot_error_text, format_error, run_job
+from supervisor.job import Job
 from supervisor.parent.childproc import death_cause, job_quota
 
 
@@ -31,9 +32,11 @@ def test_error_text_is_type_message_then_the_innermost_frames_within_2048():
 
 
 def run(handler, payload: dict) -> str:
-    reply = run_job(handler, {"id": "j-1", "queue_name": "q", "payload": payload}, "w", 1000)
-    assert reply["ok"] is False
-    return reply["error"]
+    job = Job.parse({"id": "j-1", "lease_id": "L-1", "queue_name": "q", "payload": payload})
+    assert job is not None
+    reply = run_job(handler, job, "w", 1000)
+    assert reply.ok is False and reply.error is not None
+    return reply.error
 
 
 @pytest.mark.parametrize("fn", [handlers_errors.handle, handlers_errors.handle_async])

@@ -9,6 +9,8 @@ from spooled.worker import SpooledWorker
 
 from supervisor.child import hooks as hooks_module
 from supervisor.child.hooks import MAX_AWAITING, hooks_of
+from supervisor.child.wire import decode_down
+from supervisor.job import Job
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -22,6 +24,19 @@ def worker_with(*events: str) -> tuple[SpooledWorker, list]:
     return worker, got
 
 
+def job(raw: dict) -> Job:
+    parsed = Job.parse(raw)
+    assert parsed is not None
+    return parsed
+
+
+def settled(msg: dict):
+    """The `settled` frame `msg` as the child's inbox reads it."""
+    frame = decode_down(msg)
+    assert frame is not None
+    return frame
+
+
 def test_no_worker_or_no_hook_costs_nothing():
     assert hooks_of(None, "w") is None
     assert hooks_of(worker_with()[0], "w") is None
@@ -33,15 +48,15 @@ def test_answers_run_for_the_jobs_this_child_ran_only():
     worker, got = worker_with("job:completed", "error")
     hooks = hooks_of(worker, "w")
     assert hooks is not None and hooks.wants_settled
-    job = {"id": "j1", "queue_name": "q", "retry_count": 0, "max_retries": 3}
-    hooks.job_ended(job, {"result": {"x": 1}})
+    raw = {"id": "j1", "lease_id": "L1", "queue_name": "q", "retry_count": 0, "max_retries": 3}
+    hooks.job_ended(job(raw), {"result": {"x": 1}})
     for msg in ({"t": "settled", "id": "other", "as": "completed"}, {"t": "settled", "id": "j1", "as": "completed"},
                 {"t": "settled", "id": "j1", "as": "completed"}):  # not ours, ours, ours again (no second run)
-        hooks.take_settled(msg)
+        hooks.take_settled(settled(msg))
     hooks.run_settled()
     assert [(event, data.job_id, data.result) for event, data in got] == [("job:completed", "j1", {"x": 1})]
-    hooks.job_ended({**job, "id": "j2"}, {})
-    hooks.take_settled({"t": "settled", "id": "j2", "as": "error", "error": "400 payload refused"})
+    hooks.job_ended(job({**raw, "id": "j2"}), {})
+    hooks.take_settled(settled({"t": "settled", "id": "j2", "as": "error", "error": "400 payload refused"}))
     hooks.run_settled()
     event, data = got[-1]
     assert event == "error" and isinstance(data.error, hooks_module.ReportRefused) and "refused" in str(data.error)
@@ -51,6 +66,6 @@ def test_a_child_remembers_a_bounded_number_of_jobs():
     hooks = hooks_of(worker_with("job:failed")[0], "w")
     assert hooks is not None
     for n in range(MAX_AWAITING + 5):
-        hooks.job_ended({"id": f"j{n}"}, {})
+        hooks.job_ended(job({"id": f"j{n}", "lease_id": "L"}), {})
     assert len(hooks.awaiting) == MAX_AWAITING
     assert "j0" not in hooks.awaiting and f"j{MAX_AWAITING + 4}" in hooks.awaiting

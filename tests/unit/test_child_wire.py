@@ -1,4 +1,5 @@
-"""The parent-child frame protocol: frames of several MiB cross a socketpair both ways without deadlock."""
+"""The parent-child frame protocol: frames of several MiB cross a socketpair both ways without deadlock, each
+frame's JSON object is what it always was, and what a hostile child sends is read safely or ignored."""
 
 from __future__ import annotations
 
@@ -8,28 +9,66 @@ import threading
 import pytest
 
 from supervisor.child import wire
+from supervisor.job import Job
 
 
 @pytest.mark.timeout(20)
 def test_frames_of_several_mib_cross_a_socketpair_without_deadlock():
     parent, child = socket.socketpair()
     chan = wire.Channel(parent)
-    big = {"t": "job", "job": {"id": "j", "payload": "x" * (6 * 2**20)}}
+    big = wire.JobFrame(Job.parse({"id": "j", "lease_id": "L", "payload": "x" * (6 * 2**20)}))
     received = []
-    reader = threading.Thread(target=lambda: received.append(wire.read_frame(child)))
+    reader = threading.Thread(target=lambda: received.append(wire.read_frame(child, wire.decode_down)))
     reader.start()
     chan.send(big)
     while chan.wants_write:  # non-blocking: the parent writes in pieces as the reader drains
         chan.flush()
     reader.join(10)
     assert received == [big]
-    wire.write_frame(child, {"t": "done", "id": "j", "ok": True, "result": 1})
-    wire.write_frame(child, {"t": "ready", "pid": 1})
+    wire.write_frame(child, wire.Done("j", True, 1))
+    wire.write_frame(child, wire.Ready(1))
     messages = []
     while len(messages) < 2:
         messages += chan.receive()
-    assert [m["t"] for m in messages] == ["done", "ready"]
+    assert messages == [wire.Done("j", True, 1), wire.Ready(1)]
     child.close()
     with pytest.raises(EOFError):
         while True:
             chan.receive()
+
+
+def test_each_frame_is_the_json_object_it_always_was():
+    job = Job.parse({"id": "j", "lease_id": "L", "payload": {"n": 2**70}})
+    assert wire.JobFrame(job).wire() == {"t": "job", "job": job.raw}
+    assert wire.JobFrame(job, True, 12.5).wire() == {"t": "job", "job": job.raw, "held": True, "start_by": 12.5}
+    assert wire.Drop("j").wire() == {"t": "drop", "id": "j"} and wire.Stop().wire() == {"t": "stop"}
+    assert wire.Done("j", True, {"x": 1}).wire() == {"t": "done", "id": "j", "ok": True, "result": {"x": 1}}
+    assert wire.Done("j", False, error="boom", next="k", started=3.0).wire() == {
+        "t": "done", "id": "j", "ok": False, "error": "boom", "next": "k", "started": 3.0}
+    assert wire.Started("j", 1.5).wire() == {"t": "started", "id": "j", "at": 1.5}
+    assert wire.Dropped("j").wire() == {"t": "dropped", "id": "j"}
+    assert wire.Ready(7, 8, None).wire() == {"t": "ready", "pid": 7, "keeper": 8, "about": None}
+    assert wire.BootError("tb").wire() == {"t": "boot_error", "error": "tb"}
+    for frame in (wire.Done("j", True, 1), wire.Started("j", 1.5), wire.Dropped("j"), wire.Ready(7, 8, {"a": 1}),
+                  wire.BootError("tb")):
+        assert wire.decode_up(frame.wire()) == frame
+    for frame in (wire.JobFrame(job), wire.JobFrame(job, True, 12.5), wire.Drop("j"), wire.Stop()):
+        assert wire.decode_down(frame.wire()) == frame
+
+
+@pytest.mark.parametrize(("sent", "read"), [
+    ({"t": "done", "id": "j"}, wire.Done("j", False, None, "Job failed")),  # no `ok`: a failure, never a result
+    ({"t": "done", "ok": True, "result": 1, "next": 5, "started": "soon"}, wire.Done("", True, 1)),
+    ({"t": "started", "id": 3, "at": 1.0}, None), ({"t": "dropped"}, None),
+    ({"t": "started", "id": "j", "at": True}, wire.Started("j", None)),
+    ({"t": "ready", "pid": 1, "keeper": "k", "about": [1]}, wire.Ready(1, None, None)),
+    ({"t": "boot_error"}, wire.BootError("")), ({"t": "<script>"}, None), ([1, 2], None), ("done", None),
+])
+def test_what_a_hostile_child_sends_is_read_safely_or_ignored(sent, read):
+    assert wire.decode_up(sent) == read
+
+
+def test_a_job_frame_without_a_job_the_child_can_run_is_ignored():
+    assert wire.decode_down({"t": "job", "job": {"id": "j"}}) is None  # no lease id
+    assert wire.decode_down({"t": "job"}) is None and wire.decode_down({"t": "drop", "id": 1}) is None
+    assert wire.decode_down({"t": "who"}) is None

@@ -18,6 +18,7 @@ from support.wing_rig import WingRig
 from supervisor.child import main as child_main
 from supervisor.child import wire
 from supervisor.client.rest import Secret, SpooledAPI
+from supervisor.job import Job
 from supervisor.ops.nullhooks import NullHooks
 from supervisor.parent.facts import ChildLost, HoldJob, JobDone, JobReturned, JobStarted, RecallJob, StopJob
 from supervisor.parent.jobs.claiming import HELD_LEASE_MARGIN
@@ -57,14 +58,18 @@ class ChildLoop:
     def gate(self, name: str) -> threading.Event:
         return self.gates.setdefault(name, threading.Event())
 
-    def send(self, msg: dict) -> None:
-        wire.write_frame(self.parent, msg)
+    def send(self, frame: wire.Down) -> None:
+        wire.write_frame(self.parent, frame)
 
     def read(self) -> dict:
-        return wire.read_frame(self.parent)
+        """The child's next frame, as the JSON object it is on the wire."""
+        frame = wire.read_frame(self.parent)
+        assert frame is not None
+        return frame.wire()
 
-    def job(self, job_id: str, gate: str | None = None, **frame) -> None:
-        self.send({"t": "job", "job": {"id": job_id, "payload": {"gate": gate} if gate else {}}, **frame})
+    def job(self, job_id: str, gate: str | None = None, held: bool = False, start_by: float | None = None) -> None:
+        raw = {"id": job_id, "lease_id": f"L-{job_id}", "payload": {"gate": gate} if gate else {}}
+        self.send(wire.JobFrame(Job.parse(raw), held, start_by))
 
     def wait_running(self, job_id: str) -> None:
         wait_until(lambda: job_id in self.ran, timeout=5, what=f"{job_id} running")
@@ -73,7 +78,7 @@ class ChildLoop:
         for gate in self.gates.values():
             gate.set()
         if self.thread.is_alive():
-            self.send({"t": "stop"})
+            self.send(wire.Stop())
             self.thread.join(5)
         self.parent.close()
 
@@ -90,16 +95,16 @@ def test_the_childs_inbox_takes_what_has_arrived_without_waiting_and_reads_a_beg
     parent, child = socket.socketpair()
     inbox = wire.Inbox(child)
     assert inbox.arrived() == []  # nothing sent: no wait
-    big = {"t": "job", "job": {"id": "big", "payload": "x" * (3 * 2**20)}}
+    big = wire.JobFrame(Job.parse({"id": "big", "lease_id": "L", "payload": "x" * (3 * 2**20)}))
     chan = wire.Channel(parent)
-    chan.send({"t": "drop", "id": "a"})
+    chan.send(wire.Drop("a"))
     chan.send(big)  # more than the socket buffer: the rest goes out as the child reads
     writer = threading.Thread(target=lambda: [chan.flush() for _ in iter(lambda: chan.wants_write, False)])
     writer.start()
-    assert inbox.arrived() == [{"t": "drop", "id": "a"}, big]
+    assert inbox.arrived() == [wire.Drop("a"), big]
     writer.join(5)
-    chan.send({"t": "stop"})
-    assert inbox.arrived(wait=True) == [{"t": "stop"}]
+    chan.send(wire.Stop())
+    assert inbox.arrived(wait=True) == [wire.Stop()]
     parent.close()
     with pytest.raises(EOFError):
         inbox.arrived(wait=True)
@@ -126,7 +131,7 @@ def test_a_held_job_asked_back_before_it_starts_is_returned_and_never_runs(loop)
     loop.job("a", gate="a")
     loop.wait_running("a")
     loop.job("b", held=True)
-    loop.send({"t": "drop", "id": "b"})
+    loop.send(wire.Drop("b"))
     loop.gate("a").set()
     assert loop.read() == {"t": "dropped", "id": "b"}
     done = loop.read()
@@ -172,7 +177,7 @@ def test_stop_gives_back_every_held_job(loop):
     loop.job("a", gate="a")
     loop.wait_running("a")
     loop.job("b", held=True)
-    loop.send({"t": "stop"})
+    loop.send(wire.Stop())
     loop.gate("a").set()
     assert loop.read() == {"t": "dropped", "id": "b"}
     assert loop.read()["id"] == "a"

@@ -24,11 +24,12 @@ from supervisor.child.handler import (
     call_handler,
     new_context,
 )
+from supervisor.job import Job
 
 pytestmark = pytest.mark.timeout(30)
 
-JOB = {"id": "job-1", "queue_name": "images", "payload": {"w": 3}, "retry_count": 1, "max_retries": 4,
-       "timeout_seconds": 60, "lease_id": "lease-1", "lease_expires_at": "2026-01-01T00:00:00Z"}
+JOB = Job.parse({"id": "job-1", "queue_name": "images", "payload": {"w": 3}, "retry_count": 1, "max_retries": 4,
+                 "timeout_seconds": 60, "lease_id": "lease-1", "lease_expires_at": "2026-01-01T00:00:00Z"})
 KEY = "sp_test_context_key_0123456789"
 
 
