@@ -423,27 +423,6 @@ def test_api_errors_used_here_are_the_typed_ones():
 
 # ------------------------------------------------------------------ the loop's turn
 
-def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
-    order: list[str] = []
-
-    def step(name, result=None):
-        return lambda *args, **kwargs: order.append(name) or result
-
-    arb = rig.arb
-    monkeypatch.setattr(arb.sel, "select", step("select", []))
-    for name in ("handle_signals", "take_answers", "send_heartbeat", "feed_children", "check_drain", "update_title"):
-        monkeypatch.setattr(arb, name, step(name))
-    monkeypatch.setattr(arb.loop_transport, "expire", step("http.expire"))
-    monkeypatch.setattr(arb.membership, "register_if_due", step("membership.register_if_due"))
-    monkeypatch.setattr(arb.jobs.settling, "enforce", step("jobs.enforce", []))
-    monkeypatch.setattr(arb.pool, "enforce", step("pool.enforce", []))
-    monkeypatch.setattr(arb.pool, "converge", step("pool.converge"))
-    arb.turn()
-    assert order == ["select", "handle_signals", "http.expire", "take_answers", "membership.register_if_due",
-                     "jobs.enforce", "pool.enforce", "send_heartbeat", "pool.converge", "feed_children",
-                     "check_drain", "update_title"]
-
-
 def test_a_turn_that_sets_the_exit_code_touches_nothing_after(rig, monkeypatch):
     arb = rig.arb
     monkeypatch.setattr(arb.sel, "select", lambda timeout: [])

@@ -4,15 +4,19 @@ Every `import` and `from ... import` in supervisor/**/*.py counts, wherever it s
 is an arrow too). The layers, lowest first; a module belongs to the longest prefix that names it, and may
 import its own layer and the layers below:
 
-  base     the package itself, backoff, exactjson, exitcodes, cpus, sdkworker, cli (its subcommands are
-           imported by name at run time), proto (the gRPC API and its generated stubs)
+  base     the package itself, backoff, exactjson, exitcodes, cpus, sdkworker, job (the claimed job's record,
+           which the parent and the child read), cli (its subcommands are imported by name at run time), proto
+           (the gRPC API and its generated stubs)
   client   the API clients: calls (Call, typed errors), transport (the interface), rest, blocking, loophttp,
            httpconn, grpc_transport, events, hosts
   ops      services any process may use: logs, title, nullhooks (the hooks interface), metrics, health,
            notify, cgroup, procmem, budget, deletion_cost
   config   flags, variables -> Config
   child    the child process and its forkserver
-  parent   the arbiter and its parts
+  parent   the parts of the parent the arbiter wires (pool, membership, pacer, ...), its facts, its hooks
+  jobs     parent.jobs: the jobs wing (the in-flight table, claiming, settling), which knows the parts
+           below it only through the facts and orders it returns
+  arbiter  parent.arbiter: the loop, which wires the parts and the wing
   top      what wires it together: commands, testing, demo_handlers, __main__
 
 The dev server is beside them: it may import the base layer only, and nothing outside it imports it.
@@ -32,12 +36,14 @@ PACKAGE = ROOT / "supervisor"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("supervisor", "supervisor.backoff", "supervisor.exactjson", "supervisor.exitcodes", "supervisor.cpus",
-              "supervisor.sdkworker", "supervisor.cli", "supervisor.proto")),
+              "supervisor.sdkworker", "supervisor.job", "supervisor.cli", "supervisor.proto")),
     ("client", ("supervisor.client",)),
     ("ops", ("supervisor.ops",)),
     ("config", ("supervisor.config",)),
     ("child", ("supervisor.child",)),
     ("parent", ("supervisor.parent",)),
+    ("jobs", ("supervisor.parent.jobs",)),
+    ("arbiter", ("supervisor.parent.arbiter",)),
     ("top", ("supervisor.commands", "supervisor.testing", "supervisor.demo_handlers", "supervisor.__main__")),
 ]
 DEVSERVER = "supervisor.devserver"
@@ -171,4 +177,6 @@ def test_the_daemon_never_imports_the_dev_server_and_the_dev_server_only_the_bas
 def test_the_checks_catch_a_cycle_and_an_upward_arrow():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert layer_of("supervisor.parent.hooks") > layer_of("supervisor.config") > layer_of("supervisor.ops.logs")
+    assert layer_of("supervisor.parent.arbiter") > layer_of("supervisor.parent.jobs.wing") > layer_of(
+        "supervisor.parent.pool") > layer_of("supervisor.child.wire") > layer_of("supervisor.job")
     assert layer_of("supervisor.proto.spooled_pb2") == 0 and layer_of("supervisor.devserver.app") is None
