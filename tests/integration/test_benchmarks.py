@@ -1,4 +1,4 @@
-"""Tiny runs of the benchmark scripts (run.py, bench_api.py, cores.py), so they keep working.
+"""Tiny runs of the benchmark scripts (run.py, bench_api.py, cores.py, bench_parts.py), so they keep working.
 
 Checks that the JSON has every section with sane values; the figures themselves are not
 asserted (this machine is shared and a test is no benchmark).
@@ -129,3 +129,16 @@ def test_child_life_cost_tiny_run():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split()[0]: float(line.split()[1]) for line in proc.stdout.splitlines()}
     assert set(rows) == {"before", "no-op", "traced", "hooks", "parent"} and all(v > 0 for v in rows.values())
+
+
+@pytest.mark.timeout(120)
+def test_parts_benchmark_tiny_run(tmp_path):
+    """benchmarks/bench_parts.py: the jobs wing's and the frames' CPU per job, in process, for this tree."""
+    out = tmp_path / "parts.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_parts.py"), "--jobs", "300", "--rounds", "1",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (row,) = json.loads(out.read_text())["results"].values()
+    assert row["layout"] == "jobs wing" and 0 < row["parts"]["us_per_job"] < 10_000
+    assert 0 < row["frames"]["us_per_job"] < 10_000 and "parts us/job" in proc.stdout.splitlines()[0]
