@@ -12,8 +12,9 @@ from support.arbiter_rig import T0, Rig
 from support.parent_fakes import Hooks, Submit, fake_child, make_api, make_cfg
 from support.wing_rig import WingRig
 
+from supervisor.job import Job
 from supervisor.parent.arbiter import Phase
-from supervisor.parent.facts import JobDone, JobSettled
+from supervisor.parent.facts import GiveJob, JobDone, JobSettled
 from supervisor.parent.jobs.settling import RETRY_JITTER
 
 pytestmark = pytest.mark.timeout(30)
@@ -115,3 +116,24 @@ def test_one_turn_acts_in_the_documented_order(rig, monkeypatch):
     assert [c.job_id for c in arb.pool.children.values()].count("a") == 1  # given within the turn
     assert "claim" not in rig.submit.routes()  # draining: no claim sent
     assert arb.jobs.inflight.get("a").started_at is not None
+
+
+# ------------------------------------------------------------------ a job that arrives without a claim
+
+def test_a_job_pushed_to_a_child_without_a_claim_lives_as_a_claimed_one():
+    """A stream may deliver a job for one child: it runs there at once, is renewed, reported and settled as
+    any other, and no claim was spent on it."""
+    submit, hooks = Submit(), Hooks()
+    flow = WingRig(make_cfg(prefetch=0), make_api(), submit, hooks)
+    job = Job.parse(claimed("p", timeout_seconds=5))
+    (order,) = flow.out(flow.jobs.pushed(job, fake_child(1), T0))
+    assert isinstance(order, GiveJob) and order.job is job and order.child.slot == 1
+    entry = flow.inflight.get("p")
+    assert entry.started_at == T0 and entry.timeout_at == T0 + 5 and flow.jobs.reserved() == 0
+    assert flow.take(JobDone(1, "p", True, {"ok": 1}), T0 + 1) == []
+    flow.send_reports(T0 + 1)
+    _, report, _ = submit.take("complete")
+    assert flow.answer(report, {}, None, T0 + 1.1) == [JobSettled(entry.pid, "p", "completed")]
+    assert len(flow.jobs) == 0
+    assert hooks.named("job_settled") == [("job_settled", "q", "completed", 1.0)]
+    assert "claim" not in submit.routes()
