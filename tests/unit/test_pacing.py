@@ -1,5 +1,5 @@
 """Pacing under a request budget, decided with a fake clock: the real Pacer alone, the real
-JobParts behind it (a 429's Retry-After against a due renewal), and both in the deterministic loop of
+jobs wing behind it (a 429's Retry-After against a due renewal), and both in the deterministic loop of
 tests/support/flow_sim.py against a fake API with the dev server's token bucket. Last, the Pacer alone
 again from its first call at T1: priorities, tokens, and what a 429 teaches it.
 """
