@@ -10,7 +10,8 @@ arbiter. The arbiter gives it:
   ahead, the request budget), which returns orders for the pool (`GiveJob`, `HoldJob`, `RecallJob`) and
   calls for the transport (`Send`), in the order they must go;
 - the facts about jobs (`take`: a child's answer, a start, a return, a child lost, an API answer's facts,
-  news from the events stream, a hand-back), which return the same kinds, plus `StopJob` and `Fatal`;
+  news from the events stream, a hand-back), which return the same kinds, plus `StopJob`, `JobSettled`
+  (tell the child that ran a job how it settled) and `Fatal`;
 - the deadlines (`enforce`), which return the same kinds.
 
 A job may also arrive without a claim (`pushed`: a job a stream delivered for one child): it enters the
