@@ -13,7 +13,8 @@ Rows:
 
 Each row runs `--rounds` times; the figure is the median (us per job). The script measures whichever
 tree it is run from (`--root PATH` measures another checkout, e.g. a `git worktree` of an older commit,
-with this interpreter), so a before-and-after comparison runs both in one go:
+with this interpreter), so a before-and-after comparison runs both in one go, the trees taking turns
+round by round (a process of its own each):
 
     python benchmarks/bench_parts.py --root ../before --root .
 
@@ -201,10 +202,10 @@ def frames_typed(jobs: int) -> float:
     assert job is not None
     t0 = time.process_time()
     for _ in range(jobs):
-        down = wire.encode(wire.JobFrame(job))
+        down = wire.encode(wire.job_frame(job))
         got = wire.decode_down(exactjson.loads(memoryview(down)[4:]))
         assert isinstance(got, wire.JobFrame) and not got.held
-        up = wire.encode(wire.Done(got.job.id, True, {"ok": 1}))
+        up = wire.encode(wire.done_ok(got.job.id, {"ok": 1}))
         msg = wire.decode_up(exactjson.loads(memoryview(up)[4:]))
         assert isinstance(msg, wire.Done) and msg.ok and msg.result and msg.id and msg.next is None
     return (time.process_time() - t0) / jobs * 1e6
@@ -233,12 +234,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(measure(args.jobs, args.rounds)))
         return 0
+    roots = args.root or [str(HERE)]
+    runs: dict[str, list[dict]] = {root: [] for root in roots}
+    for _ in range(args.rounds):  # the trees take turns, round by round: a load that comes and goes hits both
+        for root in roots:
+            text = subprocess.run([sys.executable, str(HERE / "benchmarks" / "bench_parts.py"), "--one", "--jobs",
+                                   str(args.jobs), "--rounds", "1"], cwd=root, check=True, capture_output=True,
+                                  text=True, env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}).stdout
+            runs[root].append(json.loads(text))
     results = {}
-    for root in args.root or [str(HERE)]:
-        text = subprocess.run([sys.executable, str(HERE / "benchmarks" / "bench_parts.py"), "--one", "--jobs",
-                               str(args.jobs), "--rounds", str(args.rounds)], cwd=root, check=True,
-                              capture_output=True, text=True, env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"}).stdout
-        results[root] = json.loads(text)
+    for root, got in runs.items():
+        results[root] = {"layout": got[0]["layout"]}
+        for name in ("parts", "frames"):
+            values = [v for r in got for v in r[name]["runs"]]
+            results[root][name] = {"us_per_job": round(statistics.median(values), 2), "runs": values}
     first = next(iter(results.values()))
     print(f"{'tree':40} {'layout':10} {'parts us/job':>13} {'frames us/job':>14} {'parts ratio':>12} "
           f"{'frames ratio':>13}")

@@ -227,7 +227,7 @@ def run_job(handler, job: Job, worker_id: str, max_result_bytes: int, seen: dict
         error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
                  f"{max_result_bytes} byte limit")
         return Done(job.id, False, error=error)
-    return Done(job.id, True, orjson.Fragment(encoded))
+    return wire.done_ok(job.id, orjson.Fragment(encoded))
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,
@@ -343,7 +343,7 @@ def run_then_next(sock: socket.socket, handler, job: Job, held: dict[str, JobFra
         frame = next_held(held, out)
     following = frame.job if frame is not None else None
     if following is not None:
-        reply = reply._replace(next=following.id, started=time.monotonic())
+        reply = Done(reply.id, reply.ok, reply.result, reply.error, following.id, time.monotonic())
         set_title(f"{title} busy {following.id}")
     else:
         set_title(f"{title} idle")

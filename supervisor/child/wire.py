@@ -47,8 +47,12 @@ MAX_FRAME = 256 * 1024 * 1024
 _READ_CHUNK = 65536  # under malloc's mmap threshold: a bigger recv buffer costs an mmap per call
 
 
+_new = tuple.__new__  # a record made for every job skips its named tuple's __new__ (a Python function)
+_NUMBERS = frozenset((int, float))
+
+
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if type(value) in _NUMBERS else None  # (type(): a bool is no number)
 
 
 # ------------------------------------------------------------------ parent -> child
@@ -165,18 +169,31 @@ Up = Ready | BootError | Done | Dropped | Started
 Frame = Down | Up
 
 
+def done_ok(job_id: str, result: Any) -> Done:
+    """The `done` of a job that returned `result` (the cheap way to make the one made for every job)."""
+    return _new(Done, (job_id, True, result, None, None, None))
+
+
+def job_frame(job: Job) -> JobFrame:
+    """The `job` frame of `job` for an idle child (the cheap way to make the one made for every job)."""
+    return _new(JobFrame, (job, False, None))
+
+
 def decode_down(msg: Any) -> Down | None:
     """The parent's frame `msg` (as JSON decoded it), or None if it is none the child knows."""
-    kind = msg.get("t") if isinstance(msg, dict) else None
+    kind = msg.get("t") if type(msg) is dict else None
     if kind == "job":
         job = Job.parse(msg.get("job"))
-        return None if job is None else tuple.__new__(JobFrame, (job, bool(msg.get("held")),
-                                                                 _number(msg.get("start_by"))))
+        if job is None:
+            return None
+        if not msg.get("held"):
+            return _new(JobFrame, (job, False, None))
+        return _new(JobFrame, (job, True, _number(msg.get("start_by"))))
     if kind == "drop":
-        return Drop(msg["id"]) if isinstance(msg.get("id"), str) else None
+        return Drop(msg["id"]) if type(msg.get("id")) is str else None
     if kind == "settled":
         job_id = msg.get("id")
-        if not isinstance(job_id, str):
+        if type(job_id) is not str:
             return None
         return Settled(job_id, str(msg.get("as") or ""), str(msg.get("error") or ""), str(msg.get("operation") or ""))
     return Stop() if kind == "stop" else None
@@ -185,27 +202,36 @@ def decode_down(msg: Any) -> Down | None:
 def decode_up(msg: Any) -> Up | None:
     """The child's frame `msg` (as JSON decoded it), or None if it is none the parent knows or lacks what it
     must carry (a child is not trusted to send well-formed frames)."""
-    kind = msg.get("t") if isinstance(msg, dict) else None
+    kind = msg.get("t") if type(msg) is dict else None
     if kind == "done":
-        following = msg.get("next")
-        ok = bool(msg.get("ok"))
-        started = msg.get("started") if following is not None else None
-        return tuple.__new__(Done, (  # (the named tuple's __new__ is a Python function: one call saved a job)
-            msg.get("id") or "", ok, msg.get("result") if ok else None,
-            None if ok else (msg.get("error") or "Job failed"), following if isinstance(following, str) else None,
-            float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None))
+        get = msg.get
+        following = get("next")
+        if get("ok"):
+            if following is None:
+                return _new(Done, (get("id") or "", True, get("result"), None, None, None))
+            return _done_next(msg, True, following)
+        if following is None:
+            return _new(Done, (get("id") or "", False, None, get("error") or "Job failed", None, None))
+        return _done_next(msg, False, following)
     if kind in ("started", "dropped"):
         job_id = msg.get("id")
-        if not isinstance(job_id, str):
+        if type(job_id) is not str:
             return None
         return Started(job_id, _number(msg.get("at"))) if kind == "started" else Dropped(job_id)
     if kind == "ready":
         keeper, about = msg.get("keeper"), msg.get("about")
-        return Ready(msg.get("pid"), keeper if isinstance(keeper, int) else None,
-                     about if isinstance(about, dict) else None, msg.get("wants_settled") is True)
+        return Ready(msg.get("pid"), keeper if type(keeper) is int else None,
+                     about if type(about) is dict else None, msg.get("wants_settled") is True)
     if kind == "boot_error":
         return BootError(msg.get("error") or "")
     return None
+
+
+def _done_next(msg: dict, ok: bool, following: Any) -> Done:
+    """A `done` that names the held job the child started at once (`next`, at `started`)."""
+    return Done(msg.get("id") or "", ok, msg.get("result") if ok else None,
+                None if ok else (msg.get("error") or "Job failed"),
+                following if type(following) is str else None, _number(msg.get("started")))
 
 
 def encode(frame: Frame) -> bytes:

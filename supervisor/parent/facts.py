@@ -3,8 +3,8 @@
 Parts never call each other: a method of the pool, the jobs wing or membership returns a list of these
 facts, and the arbiter routes each one to the part that acts on it (`Arbiter.route`, one `match`). The
 jobs wing's own facts (`QueueFreed`, `RetryDue`, `JobReissued`) are routed inside it; what it returns
-are orders for the pool (`GiveJob`, `HoldJob`, `RecallJob`, `StopJob`), calls for the transport (`Send`)
-and the facts that concern the daemon (`Fatal`).
+are orders for the pool (`GiveJob`, `HoldJob`, `RecallJob`, `StopJob`, `JobSettled`), calls for the
+transport (`Send`) and the facts that concern the daemon (`Fatal`).
 """
 
 from __future__ import annotations
@@ -96,10 +96,10 @@ class StopJob:
     reason: str
 
 
-@dataclass(frozen=True)
-class JobSettled:
+class JobSettled(NamedTuple):
     """`job_id` settled (`settled_as`: completed, failed, lease_lost, or error when the API refused its
-    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there."""
+    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there. A named
+    tuple: one is made for every job."""
 
     pid: int
     job_id: str

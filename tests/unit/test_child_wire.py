@@ -72,3 +72,32 @@ def test_a_job_frame_without_a_job_the_child_can_run_is_ignored():
     assert wire.decode_down({"t": "job", "job": {"id": "j"}}) is None  # no lease id
     assert wire.decode_down({"t": "job"}) is None and wire.decode_down({"t": "drop", "id": 1}) is None
     assert wire.decode_down({"t": "who"}) is None
+
+
+def test_the_cheap_makers_make_the_same_records_and_settled_frames_cross():
+    """`job_frame` and `done_ok` (the records made for every job) equal the records made by name; `settled`
+    and `ready`'s `wants_settled` cross both ways."""
+    job = Job.parse({"id": "j", "lease_id": "L"})
+    assert wire.job_frame(job) == wire.JobFrame(job) and type(wire.job_frame(job)) is wire.JobFrame
+    assert wire.done_ok("j", 1) == wire.Done("j", True, 1) and type(wire.done_ok("j", 1)) is wire.Done
+    settled = wire.Settled("j", "failed", "boom", "fail")
+    assert settled.wire() == {"t": "settled", "id": "j", "as": "failed", "error": "boom", "operation": "fail"}
+    assert wire.decode_down(settled.wire()) == settled and wire.decode_down({"t": "settled", "id": 1}) is None
+    assert wire.Ready(7, wants_settled=True).wire()["wants_settled"] is True
+    assert wire.decode_up(wire.Ready(7, 8, None, True).wire()) == wire.Ready(7, 8, None, True)
+    assert wire.decode_up({"t": "ready", "pid": 7, "wants_settled": "yes"}) == wire.Ready(7)  # only a JSON true
+    done = wire.Done("j", True, 1, None, "k", 3.0)
+    assert wire.decode_up(done.wire()) == done
+
+
+def test_a_job_record_keeps_only_what_has_its_type():
+    """A field of the wrong type is left unset (a bool is no number), the id and lease id are required, and
+    the raw job is kept as it came."""
+    raw = {"id": "j", "lease_id": 7, "queue_name": 3, "timeout_seconds": True, "retry_count": "1",
+           "max_retries": 2, "lease_expires_at": None, "payload": {"n": 2**70}}
+    job = Job.parse(raw)
+    assert job is not None and job[:7] == ("j", "7", "", None, None, 2, None)
+    assert job.raw is raw and job.payload == {"n": 2**70}
+    assert Job.parse({**raw, "timeout_seconds": 2.5}).timeout_seconds == 2.5
+    assert Job.parse({"id": 1, "lease_id": "L"}) is None and Job.parse({"id": "j"}) is None
+    assert Job.parse(["j"]) is None

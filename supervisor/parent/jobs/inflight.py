@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from supervisor.job import Job
 from supervisor.parent.single import OneAtATime
 
 
-@dataclass(frozen=True)
-class Outcome:
+class Outcome(NamedTuple):
     """How a job ended: `ok` with `value` the result, or not with `value` the error text. `label` is
-    the metrics outcome: completed, failed, timed_out or crashed."""
+    the metrics outcome: completed, failed, timed_out or crashed. A named tuple: one is made for every job."""
 
     ok: bool
     value: Any
@@ -34,10 +33,11 @@ class Outcome:
         return "complete" if self.ok else "fail"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Entry:
     """One job this worker holds: the job as claimed, its lease, the child that has it and how it ended.
-    `InFlight`'s record: only its methods change the fields (`renewal` and `report` are its calls on the wire)."""
+    `InFlight`'s record: only its methods change the fields (`renewal` and `report` are its calls on the wire).
+    `id`, `lease_id` and `queue` are the job's, copied once (they are read a dozen times a job)."""
 
     job: Job  # the job as the claim answered it
     claimed_at: float
@@ -54,18 +54,12 @@ class Entry:
     report: OneAtATime = field(default_factory=OneAtATime)  # its outcome on the wire
     report_attempts: int = 0
     report_due_at: float | None = None  # send the outcome again at this time (after a failed attempt)
+    id: str = field(init=False)
+    lease_id: str = field(init=False)
+    queue: str = field(init=False)
 
-    @property
-    def id(self) -> str:
-        return self.job.id
-
-    @property
-    def lease_id(self) -> str:
-        return self.job.lease_id
-
-    @property
-    def queue(self) -> str:
-        return self.job.queue
+    def __post_init__(self) -> None:
+        self.id, self.lease_id, self.queue = self.job.id, self.job.lease_id, self.job.queue
 
 
 def job_fields(entry: Entry, worker_id: str, now: float) -> dict:
