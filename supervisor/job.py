@@ -35,12 +35,16 @@ class Job(NamedTuple):
         if type(raw) is not dict:  # JSON decodes to plain dicts: nothing else is a job
             return None
         get = raw.get
-        job_id, lease_id = get("id"), get("lease_id")
+        job_id, lease_id, queue, timeout, retries, limit, expires = (
+            get("id"), get("lease_id"), get("queue_name"), get("timeout_seconds"), get("retry_count"),
+            get("max_retries"), get("lease_expires_at"))
+        # type() rather than isinstance: a bool is no number here, and one is made for every job, so the
+        # usual job (every field as the API sends it) is checked in one test
+        if (type(job_id) is str and type(lease_id) is str and lease_id and type(queue) is str
+                and type(timeout) in _NUMBERS and type(retries) is int and type(limit) is int and type(expires) is str):
+            return _new(cls, (job_id, lease_id, queue, timeout, retries, limit, expires, raw))
         if type(job_id) is not str or not lease_id:
             return None
-        queue, timeout, retries, limit, expires = (get("queue_name"), get("timeout_seconds"), get("retry_count"),
-                                                   get("max_retries"), get("lease_expires_at"))
-        # type() rather than isinstance: a bool is no number here, and one made for every job is cheaper
         return _new(cls, (job_id, lease_id if type(lease_id) is str else str(lease_id),
                           queue if type(queue) is str else "", timeout if type(timeout) in _NUMBERS else None,
                           retries if type(retries) is int else None, limit if type(limit) is int else None,

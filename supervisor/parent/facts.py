@@ -17,9 +17,12 @@ from supervisor.client.calls import ApiError
 from supervisor.job import Job
 
 
-class JobDone(NamedTuple):
-    """A child answered for its job: `ok` with `value` the result, else `value` the error text. A named
-    tuple, as the other facts made for every job (`QueueFreed`, `GiveJob`): a tuple is cheap to make."""
+@dataclass(slots=True)
+class JobDone:
+    """A child answered for its job: `ok` with `value` the result, else `value` the error text. Slots and
+    not frozen, as the other facts made for every job (`QueueFreed`, `GiveJob`, `Send`, `JobSettled`): a
+    frozen dataclass sets each field through object.__setattr__ and a named tuple's __new__ is a Python
+    function, both dearer to make. Nothing changes a fact once made."""
 
     slot: int
     job_id: str
@@ -62,17 +65,19 @@ class ChildLost:
     outcome: str
 
 
-class GiveJob(NamedTuple):
-    """Send `job` to the idle `child` (the pool's Child), to start at once. A named tuple: one is made for
-    every job."""
+@dataclass(slots=True)
+class GiveJob:
+    """Send `job` to the idle `child` (the pool's Child), to start at once (made for every job: see
+    `JobDone`)."""
 
     child: Any
     job: Job
 
 
-class HoldJob(NamedTuple):
+@dataclass(slots=True)
+class HoldJob:
     """Send `job` ahead to the busy `child`, to start the moment its own job ends if that is before
-    `start_by` (monotonic), else to give back. A named tuple: one is made for every job sent ahead."""
+    `start_by` (monotonic), else to give back."""
 
     child: Any
     job: Job
@@ -96,10 +101,10 @@ class StopJob:
     reason: str
 
 
-class JobSettled(NamedTuple):
+@dataclass(slots=True)
+class JobSettled:
     """`job_id` settled (`settled_as`: completed, failed, lease_lost, or error when the API refused its
-    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there. A named
-    tuple: one is made for every job."""
+    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there."""
 
     pid: int
     job_id: str
@@ -164,7 +169,8 @@ class ShedJob:
     error: str
 
 
-class QueueFreed(NamedTuple):
+@dataclass(slots=True)
+class QueueFreed:
     """A child ended a job of `queue` (after `duration` s): the queue had work and a child is free, so claim
     there again at once (and learn how long its jobs run)."""
 
@@ -216,7 +222,8 @@ class Followup(NamedTuple):
     recover: Callable[[float], Sequence[Fact] | None]
 
 
-class Send(NamedTuple):
+@dataclass(slots=True)
+class Send:
     """An API call for the transport: `call` goes out within the request budget, its answer to `followup`;
     `first` puts it ahead of the calls already waiting for a connection (a claim)."""
 

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from supervisor.job import Job
 from supervisor.parent.single import OneAtATime
 
 
-class Outcome(NamedTuple):
+@dataclass(slots=True)
+class Outcome:
     """How a job ended: `ok` with `value` the result, or not with `value` the error text. `label` is
-    the metrics outcome: completed, failed, timed_out or crashed. A named tuple: one is made for every job."""
+    the metrics outcome: completed, failed, timed_out or crashed (made for every job: slots, not frozen)."""
 
     ok: bool
     value: Any
