@@ -179,15 +179,15 @@ def _stop_event_on_signals() -> threading.Event:
     return stop
 
 
-def key_source(argv: list[str] | None, environ=os.environ) -> str | None:
-    """Where the key given to the server came from (the flag, then the variables), or None: it made its own."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
-        return "--api-key"
-    for name in ("SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"):
-        if environ.get(name):
+def key_source(given: str | None, environ=os.environ) -> str | None:
+    """Where the key given to the server came from (a variable holding that very key, else the flag, however
+    argparse let it be spelled: `--api-k`, `--api-key=`), or None when none was given: it made its own."""
+    if not given:
+        return None
+    for name in ("SPOOLED_DEV_API_KEY", "SPOOLED_API_KEY"):
+        if environ.get(name) == given:
             return name
-    return None
+    return "--api-key"
 
 
 def key_line(key: str, source: str | None) -> str:
@@ -220,7 +220,7 @@ def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_por
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    source = key_source(argv) if args.api_key else None
+    source = key_source(args.api_key)
     opened = _open_store(args)
     if opened is None:
         return 2
