@@ -49,3 +49,9 @@ def broken_init() -> None:
 
 
 NOT_CALLABLE = 42
+
+
+def init_fails_while_blocked() -> None:
+    """--child-init that raises while LIFE_OUT/blocked exists (the test creates it after the first child is up)."""
+    if os.path.exists(os.path.join(os.environ["LIFE_OUT"], "blocked")):
+        raise ConnectionError("the database is not there yet")
