@@ -23,6 +23,8 @@ def test_ready_comes_before_the_first_job_even_while_a_child_still_starts(dev_se
     assert msgs.index("registered") < msgs.index("ready") < msgs.index("job completed")
     (ready,) = d.events("ready")
     assert (ready["children"], ready["procs"]) == (1, 2)  # the second child sleeps through its import
+    (every,) = d.wait_events("every child is up")
+    assert every["children"] == 2
     d.signal(signal.SIGTERM)
     assert d.wait() == 0
     assert [r.get("msg") for r in d.records()].count("ready") == 1  # not again once every child is up
@@ -32,6 +34,7 @@ def test_ready_is_logged_with_an_empty_queue(dev_server, daemon_factory):
     d = daemon_factory("ready-empty", handler="supervisor.demo_handlers:noop", procs=2)
     (ready,) = d.wait_events("ready")
     assert ready["procs"] == 2 and 1 <= ready["children"] <= 2
+    d.wait_ready()  # and `every child is up` after it, when the second came later
     assert not d.events("job completed")
     d.signal(signal.SIGTERM)
     assert d.wait() == 0
