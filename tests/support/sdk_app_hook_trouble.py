@@ -32,8 +32,9 @@ def shown(value):
 def hook_for(event: str):
     def hook(data) -> None:
         fields = {f.name: shown(getattr(data, f.name)) for f in dataclasses.fields(data)}
+        line = {"event": event, "type": type(data).__name__, "pid": os.getpid(), "data": fields}
         with open(OUT, "a") as f:
-            f.write(json.dumps({"event": event, "type": type(data).__name__, "pid": os.getpid(), "data": fields}) + "\n")
+            f.write(json.dumps(line) + "\n")
         trouble = TROUBLE.get(event)
         if trouble == "hang":
             time.sleep(3600)
