@@ -249,6 +249,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     os.environ.update(env or {})
     lifecycle.forget_inherited_exits()
     logs.install()  # before the import: the module's import-time lines come out as the daemon's
+    logs.rekey()  # the key shared with the handler, which an inherited handler was built without
     _shared_key = (env or {}).get(KEY_VARIABLE, "")
     try:
         handler = load_handler(handler_spec)
