@@ -46,7 +46,9 @@ def ask(handler: str, env: dict[str, str], timeout: float, *, init: str | None =
     finally:
         os.close(write_end)
     with os.fdopen(read_end, "rb") as answers:
-        ready, _, _ = select.select([answers], [], [], timeout)
+        poller = select.poll()  # not select(): a daemon with many children holds descriptors above 1024
+        poller.register(answers, select.POLLIN)
+        ready = bool(poller.poll(timeout * 1000))
         data = answers.read() if ready else b""
     try:
         proc.wait(timeout=max(1.0, timeout / 10) if ready else 0.0)

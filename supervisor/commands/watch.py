@@ -65,9 +65,18 @@ def probe_about(handler: str, env: dict[str, str], cwd: str | None = None,
     return (str(error), {}) if error else (None, reply.answer.get("about") or {})
 
 
-def _python_file(path: str) -> bool:
-    parts = Path(path).parts
-    return path.endswith((".py", ".pyi")) and not any(p in IGNORED_DIRS for p in parts)
+def _python_file(path: str, roots: Iterable[Path]) -> bool:
+    """A Python source under one of `roots`, not inside an ignored folder below that root (the root itself
+    may lie in one: a package installed in .venv, a project in a folder named venv)."""
+    if not path.endswith((".py", ".pyi")):
+        return False
+    for root in roots:
+        try:
+            below = Path(path).relative_to(root).parts[:-1]
+        except ValueError:
+            continue
+        return not any(p in IGNORED_DIRS for p in below)
+    return not any(p in IGNORED_DIRS for p in Path(path).parts[:-1])
 
 
 def changes(roots: list[tuple[Path, bool]], stop: threading.Event) -> Iterable[set[str]]:
@@ -84,16 +93,17 @@ def changes(roots: list[tuple[Path, bool]], stop: threading.Event) -> Iterable[s
     if len(by_mode) == 1:
         recursive, paths = next(iter(by_mode.items()))
         for batch in watchfiles.watch(*paths, recursive=recursive, stop_event=stop, debounce=300, step=100,
-                                      watch_filter=lambda _change, p: _python_file(p), raise_interrupt=False,
+                                      watch_filter=lambda _change, p: _python_file(p, paths), raise_interrupt=False,
                                       ignore_permission_denied=True):
             yield {p for _change, p in batch}
         return
     # a module's folder (its own files only) and extra paths (all below them)
     flat = {str(p) for p in by_mode[False]}
     deep = [str(p) + os.sep for p in by_mode.get(True, [])]
+    everything = sorted([*by_mode[False], *by_mode.get(True, [])], key=lambda p: -len(p.parts))  # deepest first
 
     def wanted(_change: object, p: str) -> bool:
-        return _python_file(p) and (str(Path(p).parent) in flat or any(p.startswith(d) for d in deep))
+        return _python_file(p, everything) and (str(Path(p).parent) in flat or any(p.startswith(d) for d in deep))
 
     for batch in watchfiles.watch(*by_mode[False], *by_mode.get(True, []), recursive=True, stop_event=stop,
                                   debounce=300, step=100, watch_filter=wanted, raise_interrupt=False,
