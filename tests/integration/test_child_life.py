@@ -1,6 +1,7 @@
 """A child's start and end under the real daemon: --child-init once in each child (after every fork under
---preload, each with a seed of its own), and on every graceful exit (a recycle, a reload, a drain) its atexit
-handlers and a buffered logging handler flushed before it leaves."""
+--preload, each with a seed of its own; one that raises in a later child retried on a back-off), and on every
+graceful exit (a recycle, a reload, a drain, a replacement for memory between jobs) its atexit handlers and a
+buffered logging handler flushed before it leaves."""
 
 from __future__ import annotations
 
@@ -96,3 +97,13 @@ def test_a_child_init_that_raises_in_a_later_child_is_retried_with_back_off(dev_
     (tmp_path / "blocked").unlink()
     second = run_one(dev_server, "later-init")
     assert second["pid"] != first["pid"]
+
+
+def test_a_child_replaced_for_its_memory_between_jobs_flushes_before_it_leaves(dev_server, daemon_factory, tmp_path):
+    d = daemon_factory("life-mem", handler=HANDLER, procs=1, env={"LIFE_OUT": str(tmp_path)},
+                       args=[*INIT, "--max-memory-per-child", "150"])
+    (job,) = wait_for_status(dev_server, [jid := dev_server.enqueue("life-mem", {"keep_mb": 200})])
+    pid = job["result"]["pid"]
+    d.wait_events("replacing child", reason="max_memory", pid=pid)  # idle, over the cap: replaced gracefully
+    assert f"job {jid}" in wait_until(lambda: flushed(tmp_path, pid), timeout=15)
+    assert run_one(dev_server, "life-mem")["pid"] != pid
