@@ -62,3 +62,16 @@ def test_a_restart_on_the_same_database_does_not_print_the_key_it_was_given_befo
     made = [line.split("API key: ", 1)[1] for line in text.splitlines() if line.startswith("API key: ")]
     assert len(made) == 1 and made[0].startswith("sp_test_") and made[0] != REAL
     assert REAL not in first + text and REAL[8:20] not in first + text
+
+
+@pytest.mark.parametrize("variable", ["SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"])
+def test_help_does_not_show_the_key_in_the_environment(variable):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPOOLED_")}
+    for command in (["dev-server"], ["run"], ["dev"], ["demo"], ["enqueue"]):
+        r = subprocess.run([PY, "-m", "supervisor", *command, "--help"], cwd=ROOT, env={**clean, variable: REAL},
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert REAL not in r.stdout + r.stderr and REAL[8:20] not in r.stdout + r.stderr, command
+    r = subprocess.run([PY, "-m", "supervisor", "dev-server", "--help"], cwd=ROOT, env={**clean, variable: REAL},
+                       capture_output=True, text=True, timeout=30)
+    assert "set in the environment (not shown)" in " ".join(r.stdout.split())
