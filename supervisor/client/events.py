@@ -32,7 +32,7 @@ import httptools
 
 from supervisor.backoff import backoff
 from supervisor.client.httpconn import build_request, header_block
-from supervisor.client.loophttp import _is_local
+from supervisor.client.loophttp import _is_local, tls_pending
 from supervisor.client.rest import SpooledAPI
 
 _READ = 65536
@@ -256,9 +256,9 @@ class EventsConnection:
         assert answer is not None
         notes: list[tuple] = []
         budget = READ_BUDGET
-        while budget > 0:
+        while budget > 0 or tls_pending(self.sock):
             try:
-                chunk = self.sock.recv(min(_READ, budget))
+                chunk = self.sock.recv(min(_READ, budget) if budget > 0 else _READ)
             except (BlockingIOError, ssl.SSLWantReadError):
                 break
             self.last_read_at = now

@@ -38,6 +38,7 @@ MiB = 2**20
 CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a replacement changes the pool
 DEGRADED_FOR = 60.0  # `degraded` this long after a boot failure, or while 3 crashes fall in it
 MAX_PROCS = 1000
+READ_BUDGET = 1024 * 1024  # bytes read from one child per turn of the loop at most (a bigger result takes turns)
 EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
 
 
@@ -286,10 +287,11 @@ class ChildPool:
         self.next_memory_check = now + MEMORY_CHECK_EVERY
         return self._check_memory(now)
 
-    def read(self, child: Child, now: float) -> list[Fact]:
-        """Read what the child sent: `ready`, `done` and `boot_error` frames, as facts."""
+    def read(self, child: Child, now: float, budget: int | None = READ_BUDGET) -> list[Fact]:
+        """Read what the child sent (at most `budget` bytes; None: all of it): `ready`, `done` and
+        `boot_error` frames, as facts."""
         try:
-            messages = child.chan.receive()
+            messages = child.chan.receive(budget)
         except (EOFError, OSError):
             self._unwatch(child.chan.sock)
             return []
@@ -328,7 +330,9 @@ class ChildPool:
         its job (`ChildLost`). Raises HandlerImportFailed if the first child could not import the handler."""
         if self.children.get(child.slot) is not child:
             return []  # already handled
-        facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
+        # Drain the pipe first: a result sent just before dying still counts (bounded: a process the job left
+        # behind may hold the socket and write on).
+        facts = self.read(child, now, 4 * self.cfg.max_result_bytes + READ_BUDGET)
         child.proc.join(0)
         kill_group(child)  # what its handler left in its process group goes too, before any new child starts
         stop_owned(child.pid or 0, self.cfg.kill_grace)  # and what it started in sessions of their own
