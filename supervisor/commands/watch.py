@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import select
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import orjson
+from supervisor.child import probe as probe_module
 
 PROBE_TIMEOUT = 60.0
 IGNORED_DIRS = {".spooled", ".venv", "venv", ".git", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache",
@@ -58,30 +56,13 @@ def probe(handler: str, env: dict[str, str], cwd: str | None = None, timeout: fl
 def probe_about(handler: str, env: dict[str, str], cwd: str | None = None,
                 timeout: float = PROBE_TIMEOUT) -> tuple[str | None, dict]:
     """(None, what the probe says of the handler's SDK worker) if `handler` imports, else (the error, {})."""
-    read_end, write_end = os.pipe()
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", handler, str(write_end)],
-                                pass_fds=(write_end,), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    finally:
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as answers:
-        ready, _, _ = select.select([answers], [], [], timeout)
-        data = answers.read() if ready else b""
-    try:
-        proc.wait(timeout=5.0 if ready else 0.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if not data:
-        return (f"importing {handler} took longer than {timeout:g} s" if not ready else
-                f"the process importing {handler} died (exit code {proc.returncode})"), {}
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return f"the process importing {handler} answered badly", {}
-    error = answer.get("error")
-    return (str(error), {}) if error else (None, answer.get("about") or {})
+    reply = probe_module.ask(handler, env, timeout, cwd=cwd, quiet=True)
+    if reply.answer is None:
+        if reply.late:
+            return f"importing {handler} took longer than {timeout:g} s", {}
+        return f"the process importing {handler} died or answered badly (exit code {reply.returncode})", {}
+    error = reply.answer.get("error")
+    return (str(error), {}) if error else (None, reply.answer.get("about") or {})
 
 
 def _python_file(path: str) -> bool:
