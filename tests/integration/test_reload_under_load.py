@@ -36,6 +36,7 @@ def test_a_reload_reaches_every_child_while_jobs_keep_coming(dev_server, daemon_
     jobs = wait_for_status(dev_server, ids, timeout=60)
     runs = sorted((j["result"]["started"], j["result"]["version"]) for j in jobs)
     later = [v for t, v in runs if t > new_at]
+    print(f"every child new {new_at - signalled:.2f} s after the SIGHUP; {len(later)} jobs started after that")
     # The stream still flowed when every child was new: the reload did not wait for a gap in the queue.
     assert len(later) >= 4, (new_at - signalled, runs)
     assert set(later) == {"two"}, runs
