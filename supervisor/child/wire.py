@@ -74,12 +74,13 @@ class Channel:
                 return
             del self._out[:n]
 
-    def receive(self) -> list:
-        """Read what is available and return the complete messages. Raises EOFError at end of stream
-        (after handing out, on the call before, any whole message that came in ahead of it)."""
+    def receive(self, budget: int | None = None) -> list:
+        """Read what is available (at most about `budget` bytes, when given: the rest waits for the next
+        call) and return the complete messages. Raises EOFError at end of stream (after handing out, on
+        the call before, any whole message that came in ahead of it)."""
         if self._eof:
             raise EOFError
-        while True:
+        while budget is None or budget > 0:
             try:
                 chunk = self.sock.recv(_READ_CHUNK)
             except (BlockingIOError, InterruptedError):
@@ -90,6 +91,8 @@ class Channel:
                 self._eof = True
                 break
             self._in += chunk
+            if budget is not None:
+                budget -= len(chunk)
             if len(chunk) < _READ_CHUNK:
                 break
         messages = list(self._take_frames())

@@ -438,8 +438,10 @@ class Arbiter:
 
     def handle_SIGHUP(self, now: float) -> None:
         self.reloads += 1
-        log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
+        log_event(log, INFO, "SIGHUP: replacing the children (one first, then the others as their jobs end)",
+                  reload=self.reloads)
         self.pool.reload()
+        self.route(self.claiming.recall_held(), now)  # a child due for replacement starts no job sent ahead
         if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
             self.reload_began = now
             self.hooks.reloading(now)
