@@ -28,8 +28,9 @@ for a held job back: the child answers `dropped` if it had not started it (else 
 started has already gone out).
 
 `settled` tells a child that said `wants_settled` (its SDK worker has hooks for those events) how a job it
-ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); the child acts on
-it between jobs (supervisor.child.hooks).
+ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); `refused` (the API
+refused the result, and the failure sent instead settles in a later frame) is not final. The child acts on
+them between jobs (supervisor.child.hooks).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class Stop(NamedTuple):
 
 
 class Settled(NamedTuple):
-    """How the job `id` this child ran settled (`settled_as`: completed, failed, lease_lost, or error when
-    the API refused its report), with the error and the call (`operation`) it concerns."""
+    """How the job `id` this child ran settled (`settled_as`: completed, failed, lease_lost, error when the
+    API refused its report, or refused, not final, when it refused the result and the failure sent instead
+    settles in a later frame), with the error and the call (`operation`) it concerns."""
 
     id: str
     settled_as: str
@@ -268,13 +270,13 @@ class Channel:
                 return
             del self._out[:n]
 
-    def receive(self) -> list[Up]:
-        """Read what is available and return the complete frames the parent knows (`decode_up`). Raises
-        EOFError at end of stream (after handing out, on the call before, any whole frame that came in
-        ahead of it)."""
+    def receive(self, budget: int | None = None) -> list[Up]:
+        """Read what is available (at most about `budget` bytes, when given: the rest waits for the next
+        call) and return the complete frames the parent knows (`decode_up`). Raises EOFError at end of
+        stream (after handing out, on the call before, any whole frame that came in ahead of it)."""
         if self._eof:
             raise EOFError
-        while True:
+        while budget is None or budget > 0:
             try:
                 chunk = self.sock.recv(_READ_CHUNK)
             except (BlockingIOError, InterruptedError):
@@ -285,6 +287,8 @@ class Channel:
                 self._eof = True
                 break
             self._in += chunk
+            if budget is not None:
+                budget -= len(chunk)
             if len(chunk) < _READ_CHUNK:
                 break
         messages = list(self._take_frames())

@@ -133,7 +133,7 @@ class FakeChan:
             raise OSError("broken pipe")
         self.frames.append(frame)
 
-    def receive(self) -> list:
+    def receive(self, budget: int | None = None) -> list:
         if self.eof:
             raise EOFError
         messages, self.inbox = self.inbox, []

@@ -153,7 +153,8 @@ class Settling:
             log_event(log, ERROR, "the API refused the result; failing the job instead", error=str(error), **fields)
             self.inflight.replace_outcome(entry, Outcome(False, f"ResultRejected: the API refused this job's result: "
                                                                 f"{error}", "failed"))
-            return self._sent(entry)
+            return self._sent(entry) + tell_child(entry, "refused", str(error), out.verb)  # an `error` hook, then
+            # how the failure sent instead settles
         elif isinstance(error, api.Rejected):
             self.inflight.pop(entry.id)
             log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),
