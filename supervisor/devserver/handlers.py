@@ -14,7 +14,7 @@ from .errors import HttpError, invalid_json, invalid_type, validation
 from .keys_store import require_queue
 from .realtime import EventStream
 from .store import dumps
-from .validate import Body, check_hostname, check_queue_name, check_worker_id
+from .validate import Body, check_hostname, check_queue_name, check_worker_id, query_int
 
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
@@ -66,10 +66,9 @@ def _q_int(req, name, default, lo, hi):
     raw = req.query.get(name, [None])[-1]
     if raw is None or raw == "":
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise validation(name, "must be an integer", "invalid_type") from None
+    v = query_int(raw)
+    if v is None:
+        raise validation(name, "must be an integer", "invalid_type")
     if v < lo or v > hi:
         raise validation(name, f"must be between {lo} and {hi}", "range")
     return v
@@ -86,7 +85,7 @@ def create_org(app, req):
     name = b.str("name", True, 3, 100)
     slug = b.str("slug", True, 3, 50)
     email = b.str("billing_email", False, 3, 255)
-    if not all(c.isdigit() or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
+    if not all("0" <= c <= "9" or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
         raise validation("slug", "must be lowercase letters, digits and hyphens, not starting or ending with '-'",
                          "invalid_slug")
     return 201, app.store.create_org(name, slug, email), None
