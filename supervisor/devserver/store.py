@@ -764,6 +764,23 @@ class Store:
             raise not_found("Job not found")
         return dict(zip(JOB_COLS, rows[0], strict=True))
 
+    def job_status(self, org: str, job_id: str) -> tuple[str, str] | None:
+        """A job's (status, queue name), or None when `org` has no such job."""
+        rows = self._read("SELECT status, queue_name FROM jobs WHERE id=? AND organization_id=?", (job_id, org))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def queue_counts(self, org: str, queue: str) -> dict[str, int]:
+        """A queue's jobs by status, as the real server's queue stream counts them: `pending` with the scheduled
+        ones, `failed` with the dead-lettered ones, `completed` of all time."""
+        out = {"pending": 0, "processing": 0, "completed": 0, "failed": 0}
+        into = {"pending": "pending", "scheduled": "pending", "processing": "processing", "completed": "completed",
+                "failed": "failed", "deadletter": "failed"}
+        for status, n in self._read("SELECT status, COUNT(*) FROM jobs WHERE organization_id=? AND queue_name=? "
+                                    "GROUP BY status", (org, queue)):
+            if status in into:
+                out[into[status]] += n
+        return out
+
     def lease_state(self, org: str, job_id: str) -> tuple[str, str | None, float | None] | None:
         """(status, lease_id, lease_expires_at) of a job, or None if unknown."""
         rows = self._read("SELECT status, lease_id, lease_expires_at FROM jobs WHERE id=? AND organization_id=?",
