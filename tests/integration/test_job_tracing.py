@@ -52,6 +52,27 @@ def test_a_span_per_job_continuing_the_producers_trace(dev_server, daemon_factor
     assert exception["attributes"]["exception.type"] == "ValueError"
 
 
+def test_a_shared_key_in_the_handlers_exception_never_reaches_the_exporter(dev_server, daemon_factory, tmp_path):
+    key = dev_server.api_key
+    d = daemon_factory("traced-key", handler="tests.support.handlers_traced:handle", procs=1,
+                       env={"TRACE_OUT": str(tmp_path)},
+                       args=["--share-api-key", "--child-init", "tests.support.handlers_traced:init"])
+    failed = dev_server.enqueue("traced-key", {"fail_with_key": True}, max_retries=0)
+    wait_for_status(dev_server, [failed], statuses=("failed", "deadletter"))
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    (dump,) = tmp_path.glob("spans-*.json")
+    (span,) = [s for s in json.loads(dump.read_text()) if s["name"] == "spooled.job traced-key"]
+    text = json.dumps(span)  # the job's span, ours; the handler's own "inner" span records what it is given
+    assert not any(key[i:i + 8] in text for i in range(0, len(key) - 8))
+    (exception,) = [e for e in span["events"] if e["name"] == "exception"]
+    attributes = exception["attributes"]
+    assert attributes["exception.type"] == "ValueError"
+    assert attributes["exception.message"] == "the API refused ***"
+    assert "the API refused ***" in attributes["exception.stacktrace"] and "handlers_traced.py" in attributes[
+        "exception.stacktrace"]
+
+
 def test_without_a_tracer_provider_nothing_is_traced_and_the_daemon_imports_no_opentelemetry(dev_server, daemon_factory,
                                                                                              tmp_path):
     d = daemon_factory("untraced", handler="tests.support.handlers_traced:handle", procs=1,
