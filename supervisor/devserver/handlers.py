@@ -12,9 +12,9 @@ from supervisor import exactjson
 
 from .errors import HttpError, invalid_json, invalid_type, validation
 from .keys_store import require_queue
-from .realtime import EventStream
+from .realtime import _NOTHING, EventStream, JobStream, QueueStream
 from .store import dumps
-from .validate import Body, check_hostname, check_queue_name, check_worker_id
+from .validate import Body, check_hostname, check_queue_name, check_worker_id, query_int
 
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
@@ -66,10 +66,9 @@ def _q_int(req, name, default, lo, hi):
     raw = req.query.get(name, [None])[-1]
     if raw is None or raw == "":
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise validation(name, "must be an integer", "invalid_type") from None
+    v = query_int(raw)
+    if v is None:
+        raise validation(name, "must be an integer", "invalid_type")
     if v < lo or v > hi:
         raise validation(name, f"must be between {lo} and {hi}", "range")
     return v
@@ -86,7 +85,7 @@ def create_org(app, req):
     name = b.str("name", True, 3, 100)
     slug = b.str("slug", True, 3, 50)
     email = b.str("billing_email", False, 3, 255)
-    if not all(c.isdigit() or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
+    if not all("0" <= c <= "9" or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
         raise validation("slug", "must be lowercase letters, digits and hyphens, not starting or ending with '-'",
                          "invalid_slug")
     return 201, app.store.create_org(name, slug, email), None
@@ -239,11 +238,39 @@ def sse_events(app, req):
     """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
     at most MAX_STREAMS_PER_ORG open at once per organization (429), as the real server caps them."""
     queue, wanted, job_id = event_filter(app, req)
+    return 200, EventStream(app.events, _stream_slot(app, req, queue, wanted, job_id)), None
+
+
+def _stream_slot(app, req, queue: str | None, names, job_id: str | None):
+    """A counted, droppable subscriber for one more of the organization's event streams (404 with `--events
+    off`, 503 while refusing, 429 past MAX_STREAMS_PER_ORG)."""
+    if not app.cfg.events:
+        raise HttpError(404, "NOT_FOUND", "No route matches this path")
+    if app.events.refusing(req.org):
+        raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
     if app.events.count_for(req.org, raw=False) >= MAX_STREAMS_PER_ORG:
         raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many SSE connections")
-    sub = app.events.subscribe(req.org, queue, wanted, job_id)
+    sub = app.events.subscribe(req.org, queue, names, job_id)
     sub.key_id = getattr(req.key, "key_id", None)
-    return 200, EventStream(app.events, sub), None
+    return sub
+
+
+def sse_job(app, req):
+    """GET /api/v1/events/jobs/{id}: one job's status changes until it ends (realtime.JobStream). Another
+    organization's job, or none, is an `error` event in the stream, as on the server."""
+    job_id = req.params["id"]
+    sub = _stream_slot(app, req, None, None, job_id)
+    return 200, JobStream(app.events, sub, lambda: app.store.job_status(req.org, job_id)), None
+
+
+def sse_queue(app, req):
+    """GET /api/v1/events/queues/{name}: the queue's job counts every 5 s (realtime.QueueStream); a name that
+    is no valid queue name is 400, a queue the key may not read 403."""
+    name = req.params["name"]
+    check_queue_name(name, "name")
+    require_queue(req, name)
+    sub = _stream_slot(app, req, None, _NOTHING, None)
+    return 200, QueueStream(app.events, sub, name, lambda: app.store.queue_counts(req.org, name)), None
 
 
 def event_streams(app, req):

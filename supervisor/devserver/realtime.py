@@ -256,3 +256,92 @@ class EventStream(Streamed):
                     return
         finally:
             self.broadcaster.unsubscribe(self.sub)
+
+
+TERMINAL = frozenset(("completed", "failed", "deadletter", "cancelled"))
+JOB_POLL = 2.0  # seconds between reads of a watched job's status with no event for it (the server's poll)
+QUEUE_EVERY = 5.0  # seconds between a queue stream's stats (the server's poll)
+_NOTHING = frozenset(("",))  # an event filter no event passes: the subscriber is only counted and droppable
+
+
+class JobStream(Streamed):
+    """`GET /api/v1/events/jobs/{id}`, as the real server answers it: a `job.status` event (JobStatusChange,
+    `old_status` "" the first time) whenever the job's status differs from the last one sent, a `:keepalive`
+    comment on a read that finds no change, and the end of the stream after a terminal status (completed,
+    failed, deadletter, cancelled). A job the organization does not have gets one `error` event ("Job not
+    found") and the end. Where the server polls every 2 s, the dev server reads the status at once, on every
+    event of the job, and every JOB_POLL seconds."""
+
+    def __init__(self, broadcaster: Broadcaster, sub: Subscriber, status: Callable[[], tuple[str, str] | None],
+                 poll: float = JOB_POLL, max_stream: float = MAX_STREAM):
+        self.broadcaster, self.sub, self.status = broadcaster, sub, status
+        self.poll, self.max_stream = poll, max_stream
+
+    def pump(self, send: Callable[[bytes], bool], gone: Callable[[], bool]) -> None:
+        started, last = time.monotonic(), None
+        try:
+            while not gone() and time.monotonic() - started < self.max_stream:
+                found = self.status()
+                if found is None:
+                    send(chunk(encode("error", "Error", {"message": "Job not found", "timestamp": ts(time.time())})))
+                    return
+                status, queue_name = found
+                if status != last:
+                    frame = encode("job.status", "JobStatusChange", {
+                        "job_id": self.sub.job_id, "queue_name": queue_name, "old_status": last or "",
+                        "new_status": status, "timestamp": ts(time.time())})
+                    if not send(chunk(frame)) or status in TERMINAL:
+                        return
+                    last = status
+                elif not send(chunk(b":keepalive\n\n")):
+                    return
+                if self._wait(started) is _END:
+                    return
+        finally:
+            self.broadcaster.unsubscribe(self.sub)
+
+    def _wait(self, started: float):
+        """Until an event of the job arrives (all waiting ones taken), JOB_POLL passes or the stream is dropped."""
+        deadline = min(time.monotonic() + self.poll, started + self.max_stream)
+        while True:
+            try:
+                item = self.sub.buffer.get(timeout=max(0.0, min(TICK, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            while item is not _END:
+                try:
+                    item = self.sub.buffer.get_nowait()
+                except queue.Empty:
+                    return None
+            return _END
+
+
+class QueueStream(Streamed):
+    """`GET /api/v1/events/queues/{name}`, as the real server answers it: a `queue.stats` event (QueueStats:
+    `queue_name`, `pending` with scheduled jobs, `processing`, `completed`, `failed` with dead-lettered ones,
+    `timestamp`) every QUEUE_EVERY seconds, the first at once (the server waits 5 s for its first)."""
+
+    def __init__(self, broadcaster: Broadcaster, sub: Subscriber, queue_name: str,
+                 counts: Callable[[], dict[str, int]], every: float = QUEUE_EVERY, max_stream: float = MAX_STREAM):
+        self.broadcaster, self.sub, self.queue_name, self.counts = broadcaster, sub, queue_name, counts
+        self.every, self.max_stream = every, max_stream
+
+    def pump(self, send: Callable[[bytes], bool], gone: Callable[[], bool]) -> None:
+        started = time.monotonic()
+        try:
+            while not gone() and time.monotonic() - started < self.max_stream:
+                stats = {"queue_name": self.queue_name, **self.counts(), "timestamp": ts(time.time())}
+                if not send(chunk(encode("queue.stats", "QueueStats", stats))):
+                    return
+                next_at = time.monotonic() + self.every
+                while (left := next_at - time.monotonic()) > 0:
+                    try:
+                        if self.sub.buffer.get(timeout=min(TICK, left)) is _END:
+                            return
+                    except queue.Empty:
+                        if gone():
+                            return
+        finally:
+            self.broadcaster.unsubscribe(self.sub)

@@ -11,6 +11,7 @@ from .errors import HttpError, validation
 from .handlers import _json_text, body
 from .keys_store import require_queue
 from .store import ts
+from .validate import query_int
 
 ONE_MIB = 1024 * 1024
 
@@ -49,9 +50,10 @@ def _limit(req, default: int) -> int:
     raw = req.query.get("limit", [None])[-1]
     if raw is None or raw == "":
         return default
-    if not raw.isdigit() or len(raw) > 10 or int(raw) > 2**32 - 1:
+    v = query_int(raw, 0, 2**32 - 1)  # the server's u32
+    if v is None:
         raise HttpError(400, "BAD_REQUEST", "Failed to deserialize query string: limit: invalid digit found in string")
-    return min(int(raw), 500)
+    return min(v, 500)
 
 
 def create(app, req):

@@ -33,8 +33,6 @@ from . import dependencies
 from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
 from .history import HISTORY_SCHEMA
 
-SCHEMA_VERSION = 1  # PRAGMA user_version this code writes; a database with a higher one is refused
-
 Fragment = orjson.Fragment
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_TIMEOUT = 300
@@ -120,9 +118,10 @@ def _repair_settings(db) -> None:
                "json_type(settings) != 'object'")
 
 
-# (schema version, step): each step brings a database of the version before up to its own; a database made
-# before versions were kept (no `schema_version` in meta) is version 0. New tables need no step (SCHEMA
-# creates them IF NOT EXISTS); a new column on an existing table does (ALTER TABLE ... ADD COLUMN).
+# The schema's version is one marker, `PRAGMA user_version`: the last step below the database has had. Each
+# step brings a database of the version before up to its own; a database made before versions were kept is
+# version 0. New tables need no step (SCHEMA creates them IF NOT EXISTS); a new column on an existing table
+# does (ALTER TABLE ... ADD COLUMN). A database of a higher version than the last step is refused.
 def _key_and_org_columns(db) -> None:
     """API keys gain queue scopes, a rate limit, revocation, expiry and last use; organizations gain
     settings (the incoming-webhook token lives there)."""
@@ -133,22 +132,44 @@ def _key_and_org_columns(db) -> None:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
 
+def _one_marker(db) -> None:
+    """The version moves from the `meta` row older servers kept beside `PRAGMA user_version` to
+    user_version alone."""
+    db.execute("DELETE FROM meta WHERE key='schema_version'")
+
+
 MIGRATIONS: list[tuple[int, Callable]] = [
     (1, _repair_settings),
     (2, _key_and_org_columns),
+    (3, _one_marker),
 ]
+SCHEMA_VERSION = MIGRATIONS[-1][0]  # the user_version this code writes
+
+
+def schema_version(db) -> int:
+    """The database's schema version. Servers before the one marker kept it in `meta` (with user_version
+    0, or 1 for their job history); that row, when present, is the version."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() if has_meta else None
+    if row is None:
+        return found
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise NewerSchema(f"the database's schema version {row[0]!r} (in its meta table) is not a number; "
+                          "use another database") from None
 
 
 def migrate(db) -> None:
-    """Run the steps a database has not had yet, and record the version reached (inside the caller's
-    transaction). A database from a newer server is left as it is."""
-    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    version = int(row[0]) if row else 0
+    """Run the steps a database has not had yet, and record the version reached in user_version (inside
+    the caller's transaction). The caller has refused a database newer than SCHEMA_VERSION."""
+    version = schema_version(db)
     for step_version, step in MIGRATIONS:
         if step_version > version:
             step(db)
             version = step_version
-    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+    db.execute(f"PRAGMA user_version={version}")
 
 
 def ts(t: float | None) -> str | None:
@@ -286,7 +307,8 @@ class JobsChanged:
 
 
 class NewerSchema(ValueError):
-    """The database was written by a newer version of this code (its user_version is higher)."""
+    """The database was written by a newer version of this code (its schema version is higher), or its
+    version cannot be read."""
 
 
 def split_statements(script: str) -> list[str]:
@@ -317,7 +339,11 @@ class Store:
             self._db.execute("PRAGMA wal_autocheckpoint=4000")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=OFF")
-        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            found = schema_version(self._db)
+        except NewerSchema:
+            self._db.close()
+            raise
         if found > SCHEMA_VERSION:
             self._db.close()
             raise NewerSchema(f"the database has schema version {found}, newer than this spooled-supervisor's "
@@ -326,7 +352,6 @@ class Store:
             for stmt in split_statements(SCHEMA + ";\n" + dependencies.SCHEMA):
                 db.execute(stmt)
             migrate(db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.keys = KeyCache()  # verified API keys (supervisor.devserver.keys_store)
         self.closed = False
         self.changed = JobsChanged()
@@ -738,6 +763,23 @@ class Store:
         if not rows:
             raise not_found("Job not found")
         return dict(zip(JOB_COLS, rows[0], strict=True))
+
+    def job_status(self, org: str, job_id: str) -> tuple[str, str] | None:
+        """A job's (status, queue name), or None when `org` has no such job."""
+        rows = self._read("SELECT status, queue_name FROM jobs WHERE id=? AND organization_id=?", (job_id, org))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def queue_counts(self, org: str, queue: str) -> dict[str, int]:
+        """A queue's jobs by status, as the real server's queue stream counts them: `pending` with the scheduled
+        ones, `failed` with the dead-lettered ones, `completed` of all time."""
+        out = {"pending": 0, "processing": 0, "completed": 0, "failed": 0}
+        into = {"pending": "pending", "scheduled": "pending", "processing": "processing", "completed": "completed",
+                "failed": "failed", "deadletter": "failed"}
+        for status, n in self._read("SELECT status, COUNT(*) FROM jobs WHERE organization_id=? AND queue_name=? "
+                                    "GROUP BY status", (org, queue)):
+            if status in into:
+                out[into[status]] += n
+        return out
 
     def lease_state(self, org: str, job_id: str) -> tuple[str, str | None, float | None] | None:
         """(status, lease_id, lease_expires_at) of a job, or None if unknown."""

@@ -159,3 +159,18 @@ def check_hostname(h: str, field: str = "hostname") -> str:
     if not all(c.isalnum() or c in ".-_" for c in h) or h[0] in ".-" or h[-1] in ".-":
         raise validation(field, "Hostname contains invalid characters", "invalid_hostname")
     return h
+
+
+_QUERY_INT = re.compile(r"[+-]?[0-9]+")
+I64 = (-(2**63), 2**63 - 1)
+
+
+def query_int(raw: str, lo: int = I64[0], hi: int = I64[1]) -> int | None:
+    """A query-string integer as the server's deserializer reads one into its type (`lo`..`hi`, a signed
+    64-bit integer by default): ASCII digits with an optional sign, nothing else (no `_`, no spaces, no
+    other scripts' digits, which Python's int() takes); None when it is not one."""
+    if not _QUERY_INT.fullmatch(raw) or len(raw) > 21:
+        return None
+    v = int(raw)
+    return v if lo <= v <= hi else None
+

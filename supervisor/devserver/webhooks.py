@@ -46,6 +46,7 @@ from supervisor import exactjson
 from .errors import HttpError, invalid_type, missing_field, not_found, validation
 from .handlers import body
 from .store import _frag, dumps, ts
+from .validate import query_int
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outgoing_webhooks(
@@ -515,10 +516,10 @@ def _int_param(req, name: str, default: int, lo: int, hi: int) -> int:
     raw = (req.query.get(name) or [""])[-1]
     if raw == "":
         return default
-    try:
-        return min(max(int(raw), lo), hi)
-    except ValueError:
-        raise HttpError(400, "BAD_REQUEST", f"Failed to deserialize query string: {name}: invalid digit") from None
+    v = query_int(raw)
+    if v is None:
+        raise HttpError(400, "BAD_REQUEST", f"Failed to deserialize query string: {name}: invalid digit")
+    return min(max(v, lo), hi)
 
 
 def list_route(app, req):

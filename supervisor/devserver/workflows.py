@@ -30,7 +30,7 @@ from . import dependencies
 from .errors import HttpError, invalid_type, not_found, validation
 from .handlers import SIXTY_FOUR_K, _json_text, body
 from .store import _JOB_SELECT, JOB_COLS, _frag, ts
-from .validate import Body
+from .validate import Body, query_int
 
 MAX_JOBS = 100
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
@@ -309,10 +309,10 @@ def _query_int(req, name: str, default: int) -> int:
     raw = (req.query.get(name) or [""])[-1]
     if raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise bad_request(f"Failed to deserialize query string: {name}: invalid digit found in string") from None
+    v = query_int(raw)  # the server's i64
+    if v is None:
+        raise bad_request(f"Failed to deserialize query string: {name}: invalid digit found in string")
+    return v
 
 
 def create_workflow(app, req):
