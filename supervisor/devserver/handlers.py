@@ -10,8 +10,15 @@ from typing import Any
 
 from supervisor import exactjson
 
-from .errors import HttpError, invalid_json, invalid_type, validation
-from .keys_store import require_queue
+from .errors import HttpError, invalid_json, invalid_type, not_found, validation
+from .keys_store import (
+    require_job,
+    require_queue,
+    require_unrestricted,
+    scope,
+    visible_workers,
+    worker_in_scope,
+)
 from .realtime import EventStream
 from .store import dumps
 from .validate import Body, check_hostname, check_queue_name, check_worker_id
@@ -147,7 +154,17 @@ def register_worker(app, req):
                  "heartbeat_interval_secs": app.cfg.heartbeat_interval}, None
 
 
+def _require_worker(app, req) -> str:
+    """The `{id}` worker, 404 "Worker not found" when a queue-scoped key may not see it (a queue of the
+    worker lies outside the key's)."""
+    wid = req.params["id"]
+    if not worker_in_scope(app.store, req.key, req.org, wid):
+        raise not_found("Worker not found")
+    return wid
+
+
 def worker_heartbeat(app, req):
+    _require_worker(app, req)
     b = body(req)
     current = b.int("current_jobs", True, 0, 1000)
     status = b.str("status", False, 1, 20, default="healthy")
@@ -160,15 +177,20 @@ def worker_heartbeat(app, req):
 
 
 def deregister_worker(app, req):
+    _require_worker(app, req)
     app.store.deregister_worker(req.org, req.params["id"])
     return 204, None, None
 
 
 def list_workers(app, req):
-    return 200, app.store.list_workers(req.org), None
+    """The organization's workers; a queue-scoped key sees those whose queues all lie in its scope."""
+    workers = app.store.list_workers(req.org)
+    visible = visible_workers(app.store, req.key, req.org)
+    return 200, workers if visible is None else [w for w in workers if w["id"] in visible], None
 
 
 def get_worker(app, req):
+    _require_worker(app, req)
     return 200, app.store.get_worker(req.org, req.params["id"]), None
 
 
@@ -235,14 +257,23 @@ def event_filter(app, req) -> tuple[str | None, set[str] | None, str | None]:
     return queue, wanted, job_id
 
 
+def open_subscriber(app, req, queue: str | None, wanted: set[str] | None, job_id: str | None, raw: bool,
+                    cap: int = MAX_STREAMS_PER_ORG):
+    """A new subscriber for the caller, kept to a queue-scoped key's queues and ended with its key (revoked or
+    expired); None when the organization already has `cap` of this kind open."""
+    key = req.key
+    return app.events.subscribe_capped(req.org, queue, wanted, job_id, raw, cap,
+                                       key_id=getattr(key, "key_id", None), scope=scope(key),
+                                       expires_at=getattr(key, "expires_at", None))
+
+
 def sse_events(app, req):
     """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
     at most MAX_STREAMS_PER_ORG open at once per organization (429), as the real server caps them."""
     queue, wanted, job_id = event_filter(app, req)
-    if app.events.count_for(req.org, raw=False) >= MAX_STREAMS_PER_ORG:
+    sub = open_subscriber(app, req, queue, wanted, job_id, raw=False)
+    if sub is None:
         raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many SSE connections")
-    sub = app.events.subscribe(req.org, queue, wanted, job_id)
-    sub.key_id = getattr(req.key, "key_id", None)
     return 200, EventStream(app.events, sub), None
 
 
@@ -272,6 +303,7 @@ def claim(app, req):
 
 
 def complete(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     lease_id = _lease_id(b)
@@ -282,6 +314,7 @@ def complete(app, req):
 
 
 def fail(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     error = b.str("error", True, 1, 2048)
@@ -291,6 +324,7 @@ def fail(app, req):
 
 
 def job_heartbeat(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     lease_id = _lease_id(b)
@@ -300,15 +334,18 @@ def job_heartbeat(app, req):
 
 
 def get_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     return 200, app.store.get_job(req.org, req.params["id"]), None
 
 
 def cancel_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     app.store.cancel(req.org, req.params["id"])
     return 204, None, None
 
 
 def retry_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     return 200, app.store.retry_job(req.org, req.params["id"]), None
 
 
@@ -336,7 +373,8 @@ def list_jobs(app, req):
     require_queue(req, queue)
     limit = _q_int(req, "limit", 50, 1, 100)
     offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset)
+    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset,
+                                      scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}
 
 
@@ -345,24 +383,36 @@ def job_status(app, req):
     ids = [i.strip() for i in raw.split(",") if i.strip()]
     if len(ids) > 100:
         raise validation("ids", "at most 100 ids per request", "too_many")
-    return 200, app.store.status_by_ids(req.org, ids), None
+    allowed = scope(req.key)
+    rows = app.store.status_by_ids(req.org, ids)
+    return 200, rows if allowed is None else [r for r in rows if r["queue_name"] in allowed], None
 
 
 def job_stats(app, req):
-    return 200, app.store.stats(req.org), None
+    return 200, app.store.stats(req.org, scope(req.key)), None
 
 
 def dlq_list(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
+    require_queue(req, queue)
     limit = _q_int(req, "limit", 50, 1, 100)
     offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset)
+    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset,
+                                      scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}
+
+
+def _dlq_queue(req, queue: str | None, verb: str) -> str | None:
+    """The dead-letter queue a retry or purge acts on: a queue-scoped key must name one of its queues."""
+    if queue is None:
+        require_unrestricted(req, f"{verb} every queue's dead letters; name a queue")
+    require_queue(req, queue)
+    return queue
 
 
 def dlq_retry(app, req):
     b = body(req, optional=True)
-    queue = b.str("queue_name", False, 1, 100)
+    queue = _dlq_queue(req, b.str("queue_name", False, 1, 100), "retry")
     ids = b.list("job_ids", False, 100)
     if ids is not None and not all(isinstance(i, str) for i in ids):
         raise HttpError(422, "VALIDATION_ERROR", "Field `job_ids` has an invalid type: expected an array of strings",
@@ -376,7 +426,7 @@ def dlq_purge(app, req):
     b = body(req, optional=True)
     if b.bool("confirm", False, False) is not True:
         raise validation("confirm", "must be true to purge the dead-letter queue", "confirm_required")
-    queue = b.str("queue_name", False, 1, 100)
+    queue = _dlq_queue(req, b.str("queue_name", False, 1, 100), "purge")
     older = b.time("older_than")
     limit = b.int("limit", False, 1, 10000, default=10000)
     return 200, {"purged_count": app.store.dlq_purge(req.org, queue, older, limit)}, None
@@ -384,7 +434,9 @@ def dlq_purge(app, req):
 
 # ---------- queues ----------
 def list_queues(app, req):
-    return 200, app.store.list_queues(req.org), None
+    allowed = scope(req.key)
+    queues = app.store.list_queues(req.org)
+    return 200, queues if allowed is None else [q for q in queues if q["queue_name"] in allowed], None
 
 
 def _queue_name_param(name: str) -> str:

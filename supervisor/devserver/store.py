@@ -789,12 +789,17 @@ class Store:
         return job_dict(rows[0])
 
     def list_jobs(self, org: str, queue: str | None, statuses: list[str] | None, tag: str | None, limit: int,
-                  offset: int, order_desc: bool = True) -> tuple[list[dict], bool]:
+                  offset: int, order_desc: bool = True,
+                  scope: frozenset[str] | None = None) -> tuple[list[dict], bool]:
+        """One page of jobs; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         sql = _SUMMARY_SELECT + " WHERE organization_id=?"
         args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
         if statuses:
             sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args += statuses
@@ -888,11 +893,15 @@ class Store:
                 db.execute("DELETE FROM jobs WHERE id=?", (jid,))
         return len(ids)
 
-    def stats(self, org: str) -> dict:
+    def stats(self, org: str, scope: frozenset[str] | None = None) -> dict:
+        """Jobs per status; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter",
                              "cancelled"), 0)
-        for status, n in self._read("SELECT status, count(*) FROM jobs WHERE organization_id=? GROUP BY status",
-                                    (org,)):
+        sql, args = "SELECT status, count(*) FROM jobs WHERE organization_id=?", [org]
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
+        for status, n in self._read(sql + " GROUP BY status", args):
             out[status] = n
         out["total"] = sum(out.values())
         return out

@@ -45,6 +45,7 @@ from supervisor import exactjson
 
 from .errors import HttpError, invalid_type, missing_field, not_found, validation
 from .handlers import body
+from .keys_store import require_unrestricted
 from .store import _frag, dumps, ts
 
 SCHEMA = """
@@ -511,6 +512,11 @@ class Webhooks:
 
 
 # ---------- handlers ----------
+def _manage(req) -> None:
+    """Every webhook route needs an unrestricted key, as on the real server: a webhook sees every queue."""
+    require_unrestricted(req, "manage outgoing webhooks")
+
+
 def _int_param(req, name: str, default: int, lo: int, hi: int) -> int:
     raw = (req.query.get(name) or [""])[-1]
     if raw == "":
@@ -522,31 +528,38 @@ def _int_param(req, name: str, default: int, lo: int, hi: int) -> int:
 
 
 def list_route(app, req):
+    _manage(req)
     return 200, app.webhooks.all(req.org), None
 
 
 def create_route(app, req):
+    _manage(req)
     return 201, app.webhooks.create(req.org, parse(req, update=False)), None
 
 
 def get_route(app, req):
+    _manage(req)
     return 200, app.webhooks.get(req.org, req.params["id"]), None
 
 
 def update_route(app, req):
+    _manage(req)
     return 200, app.webhooks.update(req.org, req.params["id"], parse(req, update=True)), None
 
 
 def delete_route(app, req):
+    _manage(req)
     app.webhooks.delete(req.org, req.params["id"])
     return 204, None, None
 
 
 def test_route(app, req):
+    _manage(req)
     return 200, app.webhooks.test(req.org, req.params["id"]), None
 
 
 def deliveries_route(app, req):
+    _manage(req)
     status = (req.query.get("status") or [""])[-1]
     return 200, app.webhooks.deliveries(req.org, req.params["id"], status if status in ("pending", "success", "failed")
                                         else None, _int_param(req, "limit", 100, 1, 100),
@@ -554,6 +567,7 @@ def deliveries_route(app, req):
 
 
 def retry_route(app, req):
+    _manage(req)
     return 200, app.webhooks.retry(req.org, req.params["id"], req.params["delivery_id"]), None
 
 

@@ -29,6 +29,7 @@ import uuid
 from . import dependencies
 from .errors import HttpError, invalid_type, not_found, validation
 from .handlers import SIXTY_FOUR_K, _json_text, body
+from .keys_store import require_job, require_queue, scope
 from .store import _JOB_SELECT, JOB_COLS, _frag, ts
 from .validate import Body
 
@@ -316,30 +317,60 @@ def _query_int(req, name: str, default: int) -> int:
 
 
 def create_workflow(app, req):
-    return 200, create(app.store, req.org, parse_workflow(app, req)), None
+    wf = parse_workflow(app, req)
+    for d in wf["jobs"]:  # a queue-scoped key creates jobs in its queues only
+        require_queue(req, d["queue_name"])
+    return 200, create(app.store, req.org, wf), None
+
+
+def _outside(store, org: str, allowed: frozenset[str] | None) -> set[str]:
+    """The organization's workflows with a job outside `allowed` (a queue-scoped key's queues)."""
+    if allowed is None:
+        return set()
+    marks = ",".join("?" * len(allowed))
+    rows = store._read(f"SELECT DISTINCT workflow_id FROM jobs WHERE organization_id=? AND workflow_id IS NOT NULL "
+                       f"AND queue_name NOT IN ({marks})", [org, *sorted(allowed)])
+    return {r[0] for r in rows}
+
+
+def _require_workflow(app, req) -> str:
+    """The `{id}` workflow; 404 "Workflow not found" for a queue-scoped key when any of its jobs lies in
+    another queue (the key may act only on what it can see whole)."""
+    wid = req.params["id"]
+    if wid in _outside(app.store, req.org, scope(req.key)):
+        raise not_found("Workflow not found")
+    return wid
 
 
 def list_route(app, req):
     status = (req.query.get("status") or [""])[-1]
     limit = min(max(_query_int(req, "limit", 50), 1), 100)
-    offset = max(_query_int(req, "offset", 0), 0)
-    return 200, list_workflows(app.store, req.org, status if status in STATUSES else None, limit, offset), None
+    offset = _query_int(req, "offset", 0)
+    status = status if status in STATUSES else None
+    allowed = scope(req.key)
+    if allowed is None:
+        return 200, list_workflows(app.store, req.org, status, limit, offset), None
+    hidden = _outside(app.store, req.org, allowed)
+    shown = [w for w in list_workflows(app.store, req.org, status, 10**9, 0) if w["id"] not in hidden]
+    return 200, shown[offset:offset + limit], None
 
 
 def get_workflow(app, req):
-    return 200, detail(app.store, req.org, req.params["id"]), None
+    return 200, detail(app.store, req.org, _require_workflow(app, req)), None
 
 
 def cancel_workflow(app, req):
-    return 200, cancel(app.store, req.org, req.params["id"]), None
+    return 200, cancel(app.store, req.org, _require_workflow(app, req)), None
 
 
 def retry_workflow(app, req):
-    return 200, retry(app.store, req.org, req.params["id"]), None
+    return 200, retry(app.store, req.org, _require_workflow(app, req)), None
 
 
 def get_job_dependencies(app, req):
-    return 200, job_dependencies(app.store, req.org, req.params["id"]), None
+    job_id = req.params["id"]
+    require_job(app.store, req.key, req.org, job_id, f"Job {job_id} not found")
+    return 200, job_dependencies(app.store, req.org, job_id), None
 
 
 def add_job_dependencies(app, req):
@@ -350,6 +381,10 @@ def add_job_dependencies(app, req):
     if not all(isinstance(d, str) for d in deps):
         raise invalid_type("depends_on", "an array of strings")
     mode = _mode(b, "dependency_mode")
+    job_id = req.params["id"]
+    require_job(app.store, req.key, req.org, job_id, f"Job {job_id} not found")
+    for dep in deps:
+        require_job(app.store, req.key, req.org, dep, f"Dependency job {dep} not found in your organization")
     return 200, add_dependencies(app.store, req.org, req.params["id"], deps, mode), None
 
 
