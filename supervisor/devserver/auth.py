@@ -76,9 +76,7 @@ def jwt_context(store: Store, token: str, now: float) -> KeyContext:
     if state is not None:
         raise unauthorized({"inactive": "API key has been revoked", "expired": "API key has expired",
                             "missing": "API key not found"}[state])
-    queues = claims.get("queues")
-    ctx = KeyContext(str(claims.get("org_id")), key_id,
-                     tuple(q for q in queues if isinstance(q, str)) if isinstance(queues, list) else (), None, "jwt")
+    ctx = KeyContext(str(claims.get("org_id")), key_id, keys_store.scope_of(claims.get("queues")), None, "jwt")
     store.keys.put(token, ctx, time.monotonic())
     return ctx
 
@@ -128,9 +126,7 @@ def refresh(app, req):
     key_id = str(claims.get("api_key_id"))
     if keys_store.key_state(app.store, key_id, now) is not None:
         raise bad_credentials()
-    queues = claims.get("queues")
-    scope = tuple(q for q in queues if isinstance(q, str)) if isinstance(queues, list) else ()
-    ctx = KeyContext(str(claims.get("org_id")), key_id, scope)
+    ctx = KeyContext(str(claims.get("org_id")), key_id, keys_store.scope_of(claims.get("queues")))
     access = tokens.encode(_claims(ctx, "access", now, ACCESS_SECS), secret(app.store))
     return 200, {"access_token": access, "token_type": "Bearer", "expires_in": ACCESS_SECS}, None
 
@@ -163,9 +159,8 @@ def me(app, req):
     if rows:
         oid, name, slug, plan, email = rows[0]
         organization = {"id": oid, "name": name, "slug": slug, "plan_tier": plan or "free", "billing_email": email}
-    queues = claims.get("queues")
     return 200, {"organization_id": org, "api_key_id": claims.get("api_key_id"),
-                 "queues": queues if isinstance(queues, list) else [], "issued_at": ts(claims.get("iat", 0)),
+                 "queues": list(keys_store.scope_of(claims.get("queues"))), "issued_at": ts(claims.get("iat", 0)),
                  "expires_at": ts(claims.get("exp", 0)), "organization": organization}, None
 
 
