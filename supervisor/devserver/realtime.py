@@ -13,7 +13,8 @@ Contract:
   `?events=a,b` keeps only those names (`*` keeps all). The stream opens with a `:connected` comment.
   Every HEALTH_EVERY seconds it sends `system.health` if the filter keeps it, else a `:keepalive`
   comment, so a silent connection is a dead one.
-- A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
+- A stream ends after MAX_STREAM seconds, when its key is revoked (`drop_key`) or expires, when the
+  client goes, when the server stops, or on `drop_all`
   (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
   with 503 for a while): one organization's streams, never another's.
 - A subscriber that falls BUFFER events behind loses the newest ones, as the real broadcast channel
