@@ -69,14 +69,29 @@ def _lease_id(b: Body) -> str:
     return b.str("lease_id", required=True, max_len=255)
 
 
-def _q_int(req, name, default, lo, hi):
+I64 = (-2**63, 2**63 - 1)  # the server's integer types for query parameters it parses, then clamps
+U32 = (0, 2**32 - 1)
+
+
+def query_int(req, name: str, default: int, lo: int, hi: int, parsed_as: tuple[int, int] | None = None) -> int:
+    """The integer query parameter `name` (`default` when absent or empty), in lo..hi.
+
+    Without `parsed_as`, junk is 422-style VALIDATION_ERROR and a value outside lo..hi is refused. With it
+    (the server's integer type, I64 or U32), junk or a value that type cannot hold is the server's 400
+    "Failed to deserialize query string", and any other value is clamped into lo..hi. Either way the result
+    fits SQLite."""
     raw = req.query.get(name, [None])[-1]
     if raw is None or raw == "":
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise validation(name, "must be an integer", "invalid_type") from None
+    digits = raw[1:] if raw[:1] == "-" else raw
+    v = int(raw) if digits.isascii() and digits.isdigit() and len(digits) <= 40 else None
+    if parsed_as is not None:
+        if v is None or not parsed_as[0] <= v <= parsed_as[1]:
+            raise HttpError(400, "BAD_REQUEST",
+                            f"Failed to deserialize query string: {name}: invalid digit found in string")
+        return min(max(v, lo), hi)
+    if v is None:
+        raise validation(name, "must be an integer", "invalid_type")
     if v < lo or v > hi:
         raise validation(name, f"must be between {lo} and {hi}", "range")
     return v
@@ -371,8 +386,8 @@ def _tag(req) -> str | None:
 def list_jobs(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
     require_queue(req, queue)
-    limit = _q_int(req, "limit", 50, 1, 100)
-    offset = _q_int(req, "offset", 0, 0, 10**9)
+    limit = query_int(req, "limit", 50, 1, 100)
+    offset = query_int(req, "offset", 0, 0, 10**9)
     items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset,
                                       scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}
@@ -395,8 +410,8 @@ def job_stats(app, req):
 def dlq_list(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
     require_queue(req, queue)
-    limit = _q_int(req, "limit", 50, 1, 100)
-    offset = _q_int(req, "offset", 0, 0, 10**9)
+    limit = query_int(req, "limit", 50, 1, 100)
+    offset = query_int(req, "offset", 0, 0, 10**9)
     items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset,
                                       scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}

@@ -8,7 +8,7 @@ import time
 
 from . import cron, schedules_store
 from .errors import HttpError, validation
-from .handlers import _json_text, body
+from .handlers import U32, _json_text, body, query_int
 from .keys_store import require_queue, scope
 from .store import ts
 
@@ -46,12 +46,7 @@ def _fields(b, creating: bool) -> dict:
 
 
 def _limit(req, default: int) -> int:
-    raw = req.query.get("limit", [None])[-1]
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or len(raw) > 10 or int(raw) > 2**32 - 1:
-        raise HttpError(400, "BAD_REQUEST", "Failed to deserialize query string: limit: invalid digit found in string")
-    return min(int(raw), 500)
+    return query_int(req, "limit", default, 0, 500, U32)
 
 
 def create(app, req):

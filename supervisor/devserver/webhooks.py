@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 from supervisor import exactjson
 
 from .errors import HttpError, invalid_type, missing_field, not_found, validation
-from .handlers import body
+from .handlers import I64, body, query_int
 from .keys_store import require_unrestricted
 from .store import _frag, dumps, ts
 
@@ -517,16 +517,6 @@ def _manage(req) -> None:
     require_unrestricted(req, "manage outgoing webhooks")
 
 
-def _int_param(req, name: str, default: int, lo: int, hi: int) -> int:
-    raw = (req.query.get(name) or [""])[-1]
-    if raw == "":
-        return default
-    try:
-        return min(max(int(raw), lo), hi)
-    except ValueError:
-        raise HttpError(400, "BAD_REQUEST", f"Failed to deserialize query string: {name}: invalid digit") from None
-
-
 def list_route(app, req):
     _manage(req)
     return 200, app.webhooks.all(req.org), None
@@ -562,8 +552,8 @@ def deliveries_route(app, req):
     _manage(req)
     status = (req.query.get("status") or [""])[-1]
     return 200, app.webhooks.deliveries(req.org, req.params["id"], status if status in ("pending", "success", "failed")
-                                        else None, _int_param(req, "limit", 100, 1, 100),
-                                        _int_param(req, "offset", 0, 0, 10**9)), None
+                                        else None, query_int(req, "limit", 100, 1, 100, I64),
+                                        query_int(req, "offset", 0, 0, 10**9, I64)), None
 
 
 def retry_route(app, req):

@@ -28,7 +28,7 @@ import uuid
 
 from . import dependencies
 from .errors import HttpError, invalid_type, not_found, validation
-from .handlers import SIXTY_FOUR_K, _json_text, body
+from .handlers import I64, SIXTY_FOUR_K, _json_text, body, query_int
 from .keys_store import require_job, require_queue, scope
 from .store import _JOB_SELECT, JOB_COLS, _frag, ts
 from .validate import Body
@@ -306,16 +306,6 @@ def add_dependencies(store, org: str, job_id: str, depends_on: list[str], mode: 
 
 
 # ---------- handlers ----------
-def _query_int(req, name: str, default: int) -> int:
-    raw = (req.query.get(name) or [""])[-1]
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise bad_request(f"Failed to deserialize query string: {name}: invalid digit found in string") from None
-
-
 def create_workflow(app, req):
     wf = parse_workflow(app, req)
     for d in wf["jobs"]:  # a queue-scoped key creates jobs in its queues only
@@ -344,8 +334,8 @@ def _require_workflow(app, req) -> str:
 
 def list_route(app, req):
     status = (req.query.get("status") or [""])[-1]
-    limit = min(max(_query_int(req, "limit", 50), 1), 100)
-    offset = _query_int(req, "offset", 0)
+    limit = query_int(req, "limit", 50, 1, 100, I64)
+    offset = query_int(req, "offset", 0, 0, 10**9, I64)
     status = status if status in STATUSES else None
     allowed = scope(req.key)
     if allowed is None:

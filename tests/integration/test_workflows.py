@@ -232,3 +232,15 @@ def test_a_three_level_workflow_runs_in_dependency_order_under_the_daemon(dev_se
             assert by_key[child]["started_at"] >= by_key[parent]["completed_at"], (child, parent)
     wait_until(lambda: dev_server.request("GET", f"/api/v1/workflows/{made['workflow_id']}").json()["status"]
                == "completed", what="the workflow to complete")
+
+
+@pytest.mark.parametrize("query,status", [("offset=" + "9" * 20, 400), ("offset=-1", 200),
+                                          ("offset=1000000000000", 200), ("limit=" + "9" * 20, 400),
+                                          ("limit=0", 200), ("offset=1e3", 400)])
+def test_hostile_paging_of_the_workflow_list_is_a_clear_answer_never_a_500(dev_server, query, status):
+    r = dev_server.request("GET", "/api/v1/workflows?" + query)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["code"] == "BAD_REQUEST" and "Failed to deserialize query string" in r.json()["message"]
+    else:
+        assert isinstance(r.json(), list)
