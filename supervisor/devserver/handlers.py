@@ -21,7 +21,7 @@ from .keys_store import (
 )
 from .realtime import EventStream
 from .store import dumps
-from .validate import Body, check_hostname, check_queue_name, check_worker_id
+from .validate import Body, check_hostname, check_queue_name, check_url, check_worker_id
 
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
@@ -222,7 +222,8 @@ def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
     j["expires_at"] = b.time("expires_at")
     j["idempotency_key"] = b.str("idempotency_key", False, 1, 255)
     j["parent_job_id"] = b.str("parent_job_id", False, 1, 255)
-    j["completion_webhook"] = b.str("completion_webhook", False, 1, 2048)
+    hook = b.str("completion_webhook", False, 1, 2048)
+    j["completion_webhook"] = None if hook is None else check_url(hook, "completion_webhook")
     j["completion_webhook_secret"] = b.str("completion_webhook_secret", False, 0, 255)
     present, tags = b.any("tags")
     j["tags"] = _json_text("tags", tags, SIXTY_FOUR_K) if present and tags is not None else None

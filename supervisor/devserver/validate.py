@@ -8,11 +8,31 @@ counts as absent for optional fields.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from .errors import field_hint, invalid_json, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
+
+
+def check_url(url: str, field: str = "url") -> str:
+    """A URL the dev server will POST to (a webhook's, a job's `completion_webhook`): at most 2048
+    characters, no whitespace or control characters, http or https, with a host; else 400 `invalid_url`."""
+    if len(url) > 2048:
+        raise validation(field, "length must be at most 2048", "length")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise validation(field, "Invalid URL: contains whitespace or control characters", "invalid_url")
+    try:
+        u = urlsplit(url)
+        _ = u.port
+    except ValueError as e:
+        raise validation(field, f"Invalid URL: {e}", "invalid_url") from None
+    if u.scheme not in ("http", "https"):
+        raise validation(field, "URL must use HTTP or HTTPS scheme", "invalid_url")
+    if not u.hostname:
+        raise validation(field, "Invalid URL: empty host", "invalid_url")
+    return url
 
 
 def _queue_chars_ok(name: str) -> bool:
