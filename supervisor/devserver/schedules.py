@@ -11,6 +11,7 @@ from .errors import HttpError, validation
 from .handlers import U32, _json_text, body, query_int
 from .keys_store import require_queue, scope
 from .store import ts
+from .validate import check_queue_name
 
 ONE_MIB = 1024 * 1024
 
@@ -52,7 +53,7 @@ def _limit(req, default: int) -> int:
 def create(app, req):
     b = body(req)
     f = _fields(b, True)
-    f["queue_name"] = b.str("queue_name", True, 1, 255)
+    f["queue_name"] = check_queue_name(b.str("queue_name", True, 0, 10**6))  # one a claim accepts
     require_queue(req, f["queue_name"])
     now = time.time()
     _, next_run = _cron(f["cron_expression"], now)

@@ -162,10 +162,14 @@ class Body:
 
 
 def check_queue_name(q: str, field: str = "queue_name") -> str:
+    """The one rule for a queue a job, worker, workflow job or schedule names (what a claim accepts): 1-100
+    characters, alphanumeric or `-_.`, not starting with `.` or `-`; else 400 VALIDATION_ERROR on `field`."""
     if not q or len(q) > 100:
         raise validation(field, "length must be between 1 and 100", "length")
-    if not _queue_chars_ok(q) or q[0] in ".-":
+    if not _queue_chars_ok(q):
         raise validation(field, "Queue name contains invalid characters", "invalid_queue_name")
+    if q[0] in ".-":
+        raise validation(field, "Queue name cannot start with dots or dashes", "invalid_queue_name_start")
     return q
 
 

@@ -31,7 +31,7 @@ from .errors import HttpError, invalid_type, not_found, validation
 from .handlers import I64, SIXTY_FOUR_K, _json_text, body, query_int
 from .keys_store import require_job, require_queue, scope
 from .store import _JOB_SELECT, JOB_COLS, _frag, ts
-from .validate import Body
+from .validate import Body, check_queue_name
 
 MAX_JOBS = 100
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
@@ -63,15 +63,7 @@ def _job_def(app, raw, i: int) -> dict:
     if not all(c.isalnum() or c in "-_" for c in key):
         raise validation(f"{where}.key", "Job key can only contain alphanumeric characters, dashes, and underscores",
                          "invalid_job_key")
-    queue = b.str("queue_name", True, 0, 10**6)
-    if not 1 <= len(queue) <= 255:
-        raise validation(f"{where}.queue_name", "length must be between 1 and 255", "length")
-    if not all(c.isalnum() or c in "-_." for c in queue):
-        raise validation(f"{where}.queue_name", "Queue name can only contain alphanumeric characters, dashes, "
-                         "underscores, and dots", "invalid_queue_name")
-    if queue[0] in ".-":
-        raise validation(f"{where}.queue_name", "Queue name cannot start with dots or dashes",
-                         "invalid_queue_name_start")
+    queue = check_queue_name(b.str("queue_name", True, 0, 10**6), f"{where}.queue_name")
     _, payload = b.any("payload", required=True)
     deps = b.list("depends_on", False, 10**6) or []
     if not all(isinstance(d, str) for d in deps):

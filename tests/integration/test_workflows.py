@@ -154,13 +154,15 @@ def test_cancelling_a_workflow_cancels_its_waiting_jobs(dev_server):
      400, "VALIDATION_ERROR", "invalid characters"),
     ({"name": "w", "jobs": [{"key": "a b", "queue_name": "q", "payload": 1}]}, 400, "VALIDATION_ERROR", "Job key"),
     ({"name": "w", "jobs": [{"key": "a", "queue_name": ".q", "payload": 1}]}, 400, "VALIDATION_ERROR", "cannot start"),
+    ({"name": "w", "jobs": [{"key": "a", "queue_name": "q" * 101, "payload": 1}]}, 400, "VALIDATION_ERROR",
+     "between 1 and 100"),  # a longer name no claim accepts
     ({"name": "w", "jobs": [{"key": "a", "queue_name": "q", "payload": 1, "dependency_mode": "some"}]},
      422, "VALIDATION_ERROR", "unknown variant"),
     ({"name": "w", "jobs": [{"key": "a", "queue_name": "q", "payload": 1, "priority": 101}]},
      400, "VALIDATION_ERROR", "priority"),
     ({"name": "w", "jobs": "a"}, 422, "VALIDATION_ERROR", "jobs"),
 ], ids=["self-cycle", "cycle", "unknown-key", "duplicate-key", "no-name", "no-payload", "no-jobs", "101-jobs",
-        "markup-name", "bad-key", "bad-queue", "bad-mode", "priority", "jobs-not-array"])
+        "markup-name", "bad-key", "bad-queue", "long-queue", "bad-mode", "priority", "jobs-not-array"])
 def test_a_bad_workflow_is_refused_with_the_real_servers_error(dev_server, body, status, code, message):
     r = dev_server.request("POST", "/api/v1/workflows", json=body)
     assert r.status_code == status, r.text
