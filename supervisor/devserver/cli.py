@@ -83,8 +83,20 @@ def _pos_int(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """Refuses an unknown flag naming only the flags: a value after one (`--api sk_...`) may be a key."""
+
+    def error(self, message: str):  # type: ignore[override]
+        head, sep, rest = message.partition("unrecognized arguments: ")
+        if sep:
+            flags = [a.split("=", 1)[0] for a in rest.split() if a.startswith("-")]
+            message = head + sep + (" ".join(flags) or "values") + " (values not shown)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("dev-server", description="Serve the Spooled REST API from SQLite, for development and tests.",
+    p = cli.parser("dev-server", cls=_Parser,
+                   description="Serve the Spooled REST API from SQLite, for development and tests.",
                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(flag, type_, default, help_, env=None):
@@ -179,15 +191,16 @@ def _stop_event_on_signals() -> threading.Event:
     return stop
 
 
-def key_source(argv: list[str] | None, environ=os.environ) -> str | None:
-    """Where the key given to the server came from (the flag, then the variables), or None: it made its own."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
-        return "--api-key"
+def key_source(given: str | None, environ=os.environ) -> str | None:
+    """Where the key given to the server came from, or None: it made its own. Decided from the value, not
+    from argv, so no spelling of the flag can get a given key printed whole: a value one of the variables
+    holds is named by that variable, any other is the flag's."""
+    if not given:
+        return None
     for name in ("SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"):
-        if environ.get(name):
+        if environ.get(name) == given:
             return name
-    return None
+    return "--api-key"
 
 
 def key_line(key: str, source: str | None) -> str:
@@ -220,7 +233,7 @@ def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_por
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    source = key_source(argv) if args.api_key else None
+    source = key_source(args.api_key)
     opened = _open_store(args)
     if opened is None:
         return 2
