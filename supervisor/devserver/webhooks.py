@@ -249,7 +249,7 @@ class Webhooks:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight = 0
+        self._active: set[str] = set()  # deliveries being attempted now (under _lock)
         self.refresh()
         if store._read("SELECT 1 FROM outgoing_webhook_deliveries WHERE next_attempt_at IS NOT NULL LIMIT 1"):
             self._start()
@@ -312,24 +312,33 @@ class Webhooks:
             self._wake.clear()
 
     def _dispatch_due(self) -> float:
-        """Hand due deliveries to the pool (each leased for its attempt); seconds until the next is due."""
+        """Hand due deliveries to the pool (each leased for its attempt); seconds until the next is due. A
+        delivery still being attempted is never handed out again, even when a slow attempt (a DNS lookup
+        is not bounded by the timeout) outlives its lease."""
         now = time.time()
-        free = SENDERS - self._inflight
+        with self._lock:
+            active = set(self._active)
+        free = SENDERS - len(active)
         if free > 0:
             with self.store._tx() as db:
-                due = [r[0] for r in db.execute("SELECT id FROM outgoing_webhook_deliveries WHERE next_attempt_at <= ? "
-                                                "ORDER BY next_attempt_at LIMIT ?", (now, free))]
+                rows = db.execute("SELECT id FROM outgoing_webhook_deliveries WHERE next_attempt_at <= ? "
+                                  "ORDER BY next_attempt_at LIMIT ?", (now, free + len(active))).fetchall()
+                due = [r[0] for r in rows if r[0] not in active][:free]
                 for did in due:  # leased: a restart mid-attempt sends it again once the lease passes
                     db.execute("UPDATE outgoing_webhook_deliveries SET next_attempt_at=? WHERE id=?",
                                (now + self.timeout + 5, did))
             for did in due:
                 with self._lock:
-                    self._inflight += 1
+                    self._active.add(did)
                 assert self._pool is not None
                 self._pool.submit(self._attempt_safely, did)
-        if self._inflight >= SENDERS:
+        with self._lock:
+            active = set(self._active)
+        if len(active) >= SENDERS:
             return IDLE_WAKE  # a finishing attempt wakes the sender
-        (nxt,) = self.store._read("SELECT min(next_attempt_at) FROM outgoing_webhook_deliveries")[0]
+        marks = ",".join("?" * len(active))  # one being attempted is waited for by its end, not its lease
+        (nxt,) = self.store._read("SELECT min(next_attempt_at) FROM outgoing_webhook_deliveries"
+                                  + (f" WHERE id NOT IN ({marks})" if active else ""), tuple(sorted(active)))[0]
         return IDLE_WAKE if nxt is None else min(IDLE_WAKE, max(0.0, nxt - time.time()))
 
     def _attempt_safely(self, did: str) -> None:
@@ -340,7 +349,7 @@ class Webhooks:
                 print(f"warning: webhook delivery {did} failed: {e!r}", file=sys.stderr, flush=True)
         finally:
             with self._lock:
-                self._inflight -= 1
+                self._active.discard(did)
             self._wake.set()
 
     def attempt(self, did: str) -> None:
