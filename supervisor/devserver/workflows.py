@@ -12,7 +12,8 @@ Routes:
   GET  /api/v1/jobs/{id}/dependencies    -> {job_id, dependencies, dependents, dependencies_met}
   POST /api/v1/jobs/{id}/dependencies    {depends_on: [ids], dependency_mode?} -> {dependencies_added,
                                           dependencies_met}; a self edge or one that would close a cycle is
-                                          skipped, as the real server skips it
+                                          skipped, and a job of any status takes them, as on the real
+                                          server (a processing job keeps its lease; retried, it waits)
 
 Bad input as the real server answers it: a missing or mistyped field 422; a rule broken (lengths, the
 characters of a key, name or queue, 1-100 jobs, ranges) 400 VALIDATION_ERROR with `details`; a

@@ -246,3 +246,22 @@ def test_hostile_paging_of_the_workflow_list_is_a_clear_answer_never_a_500(dev_s
         assert r.json()["code"] == "BAD_REQUEST" and "Failed to deserialize query string" in r.json()["message"]
     else:
         assert isinstance(r.json(), list)
+
+
+def test_a_running_job_given_a_dependency_is_held_after_its_retry_until_it_completes(dev_server):
+    """As the real server: dependencies may be added to a job of any status; one that is processing keeps
+    its lease, and once it fails back to pending it waits for the new dependency."""
+    runner = dev_server.enqueue("held", {"n": 1})
+    [job] = _claim_all(dev_server, "held")
+    gate = dev_server.enqueue("gate", {})
+    r = dev_server.request("POST", f"/api/v1/jobs/{runner}/dependencies", json={"depends_on": [gate]})
+    assert r.status_code == 200 and r.json() == {"dependencies_added": 1, "dependencies_met": False}
+    _fail(dev_server, job)
+    assert dev_server.job(runner)["status"] == "pending"
+    deps = dev_server.request("GET", f"/api/v1/jobs/{runner}/dependencies").json()
+    assert deps["dependencies_met"] is False and [d["job_id"] for d in deps["dependencies"]] == [gate]
+    [g] = _claim_all(dev_server, "gate")
+    _complete(dev_server, g)
+    assert dev_server.request("GET", f"/api/v1/jobs/{runner}/dependencies").json()["dependencies_met"] is True
+    claimed = wait_until(lambda: _claim_all(dev_server, "held"), timeout=10, what="the retry after its back-off")
+    assert [j["id"] for j in claimed] == [runner]
