@@ -1,6 +1,6 @@
 """Spooled's gRPC API (QueueService, WorkerService) served from the dev server's Store.
 
-Contract (GRPC.md): auth by `x-api-key` or `authorization: Bearer` metadata (UNAUTHENTICATED
+Contract (the real server's): auth by `x-api-key` or `authorization: Bearer` metadata (UNAUTHENTICATED
 otherwise); the per-organization rate limit answers RESOURCE_EXHAUSTED "Rate limit exceeded"; then
 the fault switches apply as on REST (delay; `fail_503` -> UNAVAILABLE before handling; `cut` ->
 handled, then UNAVAILABLE instead of the answer). Leases <= 0 mean 300 s, others are clamped to

@@ -65,7 +65,7 @@ def _json_text(field: str, value, limit: int) -> str:
 
 
 def _lease_id(b: Body) -> str:
-    # Seed override: complete / fail / job heartbeat without lease_id -> 422 missing field.
+    # As newer servers answer it: complete / fail / job heartbeat without lease_id -> 422 missing field.
     return b.str("lease_id", required=True, max_len=255)
 
 

@@ -7,7 +7,7 @@ serialised by SQLite itself (busy_timeout waits). WAL + synchronous=NORMAL: a
 killed process loses no committed transaction. Times are stored as epoch
 seconds (REAL) and rendered as RFC 3339 UTC with `Z`. JSON values (payload,
 result, tags, metadata, settings) are stored as JSON text and sent back verbatim
-as orjson fragments. Methods raise errors.HttpError for contract outcomes.
+as orjson fragments. Methods raise errors.HttpError for the real server's error outcomes.
 """
 
 from __future__ import annotations
@@ -909,7 +909,7 @@ class Store:
     # ---- queues ----
     def list_queues(self, org: str) -> list[dict]:
         """`GET /queues` as the real server answers it: configured queues plus the "implicit" ones that only
-        have jobs (reported with the default config), sorted by name, at most 100 (handlers/queues.rs@v0.1.114)."""
+        have jobs (reported with the default config), sorted by name, at most 100 (as the real server since 0.1.114)."""
         rows = self._read("SELECT queue_name, max_retries, default_timeout, rate_limit, enabled FROM queue_config "
                           "WHERE organization_id=? ORDER BY queue_name LIMIT 100", (org,))
         out = {r[0]: {"queue_name": r[0], "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],

@@ -1,4 +1,4 @@
-"""Request validation with the contract's error shapes.
+"""Request validation with the real server's error shapes.
 
 Absent required field -> 422 missing_field; wrong JSON type -> 422 invalid_type;
 a value of the right type that breaks a rule -> 400 VALIDATION_ERROR. JSON null

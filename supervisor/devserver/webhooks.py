@@ -9,7 +9,7 @@ Routes (the real server's shapes):
                                                   not past MAX_TOTAL_ATTEMPTS)
 
 Contract:
-- `Webhooks.on_fact` is a Store listener: each committed change the contract lists (job.created,
+- `Webhooks.on_fact` is a Store listener: each committed change listed here (job.created,
   job.started, job.completed, job.failed when dead-lettered, job.cancelled, queue.paused, queue.resumed,
   worker.registered, worker.deregistered, and schedule.triggered through `Store.publish`) becomes one
   delivery row per enabled webhook of the organization subscribed to it; a job's own
