@@ -140,6 +140,7 @@ def get_stats(app, req):
 
 
 def set_faults(app, req):
+    require_unrestricted(req, "set the organization's faults")  # they hit every queue
     data = parse_json(req)
     if not isinstance(data, dict):
         raise validation("body", "must be a JSON object", "invalid_type")
@@ -303,6 +304,7 @@ def drop_event_streams(app, req):
     """POST /_dev/events/drop, body optional {"refuse_secs": s}: end the caller's organization's open event
     streams (clients see their connection close), and answer its new ones 503 for `refuse_secs` seconds
     (default 0). Other organizations' streams are untouched."""
+    require_unrestricted(req, "drop the organization's event streams")
     b = body(req, optional=True)
     refuse = b.int("refuse_secs", False, 0, 3600, default=0)
     return 200, {"dropped": app.events.drop_all(req.org, refuse or 0)}, None

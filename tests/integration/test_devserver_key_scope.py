@@ -51,7 +51,9 @@ def test_another_queues_jobs_are_hidden_from_every_job_route(server, scoped):
                                ("POST", f"/api/v1/jobs/{jid}/heartbeat", settle),
                                ("GET", f"/api/v1/jobs/{jid}/dependencies", None),
                                ("POST", f"/api/v1/jobs/{jid}/dependencies", {"depends_on": [jid]}),
-                               ("GET", f"/_dev/jobs/{jid}/history", None)):
+                               ("GET", f"/_dev/jobs/{jid}/history", None),
+                               ("POST", f"/_dev/leases/{jid}/expire", None),
+                               ("POST", f"/_dev/leases/{jid}/steal", None)):
         r = server.request(method, path, json=body, key=scoped)
         assert r.status_code == 404 and "theirs" not in r.text, (method, path, r.text)
     assert server.request("GET", f"/api/v1/jobs/{jid}").json()["status"] == "processing"  # nothing changed
@@ -65,7 +67,9 @@ def test_another_queues_jobs_are_hidden_from_every_job_route(server, scoped):
     assert r.status_code == 403 and r.json()["code"] == "ACCESS_DENIED"
     r = server.request("POST", "/api/v1/jobs/dlq/retry", json={"queue_name": "theirs"}, key=scoped)
     assert r.status_code == 403
-    assert server.request("GET", "/api/v1/dashboard", key=scoped).status_code == 403
+    for method, path, body in (("GET", "/api/v1/dashboard", None), ("GET", "/_dev/requests", None),
+                               ("POST", "/_dev/faults", {"fail_503": 1.0}), ("POST", "/_dev/events/drop", None)):
+        assert server.request(method, path, json=body, key=scoped).status_code == 403, path
     overview = server.request("GET", "/_dev/overview", key=scoped).json()
     assert [q["queue_name"] for q in overview["queues"]] == ["mine"]
 
