@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from supervisor import cli
 
@@ -86,7 +87,7 @@ def _pos_int(text: str) -> int:
 class _Parser(argparse.ArgumentParser):
     """Refuses an unknown flag naming only the flags: a value after one (`--api sk_...`) may be a key."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         head, sep, rest = message.partition("unrecognized arguments: ")
         if sep:
             flags = [a.split("=", 1)[0] for a in rest.split() if a.startswith("-")]
