@@ -24,8 +24,9 @@ for a held job back: the child answers `dropped` if it had not started it (else 
 started has already gone out).
 
 `settled` tells a child that said `wants_settled` (its SDK worker has hooks for those events) how a job it
-ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); the child acts on
-it between jobs (supervisor.child.hooks).
+ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); `refused` (the API
+refused the result, and the failure sent instead settles in a later frame) is not final. The child acts on
+them between jobs (supervisor.child.hooks).
 """
 
 from __future__ import annotations
@@ -73,12 +74,13 @@ class Channel:
                 return
             del self._out[:n]
 
-    def receive(self) -> list:
-        """Read what is available and return the complete messages. Raises EOFError at end of stream
-        (after handing out, on the call before, any whole message that came in ahead of it)."""
+    def receive(self, budget: int | None = None) -> list:
+        """Read what is available (at most about `budget` bytes, when given: the rest waits for the next
+        call) and return the complete messages. Raises EOFError at end of stream (after handing out, on
+        the call before, any whole message that came in ahead of it)."""
         if self._eof:
             raise EOFError
-        while True:
+        while budget is None or budget > 0:
             try:
                 chunk = self.sock.recv(_READ_CHUNK)
             except (BlockingIOError, InterruptedError):
@@ -89,6 +91,8 @@ class Channel:
                 self._eof = True
                 break
             self._in += chunk
+            if budget is not None:
+                budget -= len(chunk)
             if len(chunk) < _READ_CHUNK:
                 break
         messages = list(self._take_frames())

@@ -32,7 +32,7 @@ import httptools
 
 from supervisor.backoff import backoff
 from supervisor.client.httpconn import build_request, header_block
-from supervisor.client.loophttp import _is_local
+from supervisor.client.loophttp import _is_local, tls_pending
 from supervisor.client.rest import SpooledAPI
 
 _READ = 65536
@@ -52,6 +52,7 @@ class SseParser:
         self._data: list[str] = []
         self._size = 0
         self._after_cr = False
+        self.comments = 0  # comment lines seen (read and reset by the caller)
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         if self._after_cr and chunk.startswith(b"\n"):
@@ -87,6 +88,7 @@ class SseParser:
             self._name, self._data, self._size = "", [], 0
             return
         if line.startswith(":"):
+            self.comments += 1
             return
         field, _, value = line.partition(":")
         value = value[1:] if value.startswith(" ") else value
@@ -153,6 +155,15 @@ class EventsConnection:
         self.opened_at = self.last_read_at = 0.0
         self.head_bytes = 0
         self.events = 0
+        self.bytes_read = 0  # since the last take_traffic
+
+    def take_traffic(self) -> tuple[int, int]:
+        """Bytes read and comment lines parsed since the last call (for the flood check)."""
+        nbytes, self.bytes_read = self.bytes_read, 0
+        comments = 0
+        if self.answer is not None:
+            comments, self.answer.sse.comments = self.answer.sse.comments, 0
+        return nbytes, comments
 
     @property
     def open(self) -> bool:
@@ -245,12 +256,13 @@ class EventsConnection:
         assert answer is not None
         notes: list[tuple] = []
         budget = READ_BUDGET
-        while budget > 0:
+        while budget > 0 or tls_pending(self.sock):
             try:
-                chunk = self.sock.recv(min(_READ, budget))
+                chunk = self.sock.recv(min(_READ, budget) if budget > 0 else _READ)
             except (BlockingIOError, ssl.SSLWantReadError):
                 break
             self.last_read_at = now
+            self.bytes_read += len(chunk)
             if not chunk:
                 notes += self._progress()
                 if self.sock is not None:

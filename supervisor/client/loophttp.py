@@ -31,7 +31,15 @@ from supervisor.client.calls import ApiError, Call, Endpoint, Unavailable, decod
 from supervisor.client.httpconn import FramingError, Response, ResponseReader, build_request, header_block
 
 _READ = 65536
+READ_BUDGET = 256 * 1024  # bytes read from one connection per turn of the loop at most: a huge or endless
+# answer is read over several turns, so no API peer holds the loop
 _R, _W = selectors.EVENT_READ, selectors.EVENT_WRITE
+
+
+def tls_pending(sock: object) -> bool:
+    """Decrypted bytes wait inside a TLS socket (at most a record): the selector will not report them, so
+    a reader that stops at its budget reads those first."""
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 class _Conn:
@@ -254,8 +262,8 @@ class LoopHTTP:
     def _on_readable(self, conn: _Conn) -> None:
         if conn.state == "idle":
             return self._on_idle_readable(conn)
-        reader, response, eof = conn.reader, None, False
-        while response is None:
+        reader, response, eof, budget = conn.reader, None, False, READ_BUDGET
+        while response is None and (budget > 0 or tls_pending(conn.sock)):
             try:
                 chunk = conn.sock.recv(_READ)
             except (BlockingIOError, ssl.SSLWantReadError):
@@ -263,6 +271,7 @@ class LoopHTTP:
             if not chunk:
                 eof = True
                 break
+            budget -= len(chunk)
             response = reader.feed(chunk)
         if response is None and eof:
             if not reader.started and conn.reused:

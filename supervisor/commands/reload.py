@@ -24,7 +24,7 @@ PARENT_TITLE = "spooled-supervisor: parent"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("reload", description="Replace a running daemon's children one at a time, so they import "
+    p = cli.parser("reload", description="Replace a running daemon's children, so they import "
                    "the handler anew (SIGHUP); under systemd this is the unit's ExecReload=.")
     p.add_argument("pid", type=int, help="the daemon's (parent's) pid, e.g. $MAINPID")
     return p

@@ -2,10 +2,10 @@
 
 A change to a Python file under the handler's package (or under a --watch-path) is first tried in a
 short-lived process (`supervisor.child.probe`: the handler is imported there, not in the daemon); if it
-imports, the daemon gets the SIGHUP that `reload` sends, so its children are replaced one at a time and a
-running job finishes on the old code. If it does not, the old children keep running and the error is printed
-once; the next save that imports reloads. File events come from `watchfiles` (inotify, in a Rust thread:
-an idle watch costs no CPU), filtered to Python files.
+imports, the daemon gets the SIGHUP that `reload` sends, so its children are replaced (one first, then the
+others as their jobs end) and a running job finishes on the old code. If it does not, the old children keep
+running and the error is printed once; the next save that imports reloads. File events come from
+`watchfiles` (inotify, in a Rust thread: an idle watch costs no CPU), filtered to Python files.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                    description="Serve the Spooled REST API from SQLite, for development and tests.",
                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    def add(flag, type_, default, help_, env=None):
+    def add(flag, type_, default, help_, env=None, secret=False):
+        """A flag that also reads SPOOLED_DEV_<NAME> (and `env`); a `secret` one's value is never shown in --help."""
         name = flag.lstrip("-").replace("-", "_")
         raw = os.environ.get(env) if env else None
         raw = raw if raw is not None else _env(name)
@@ -108,9 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
             try:
                 default = type_(raw)
             except (ValueError, argparse.ArgumentTypeError) as e:
-                p.error(f"environment value for {flag} is invalid ({raw!r}): {e}")
+                p.error(f"environment value for {flag} is invalid ({'the value is not shown' if secret else repr(raw)})"
+                        f": {e}")
+        shown = "; set in the environment (not shown)" if secret else f"; default {default}"
         p.add_argument(flag, type=type_, default=default, help=help_ + f" (env SPOOLED_DEV_{name.upper()})"
-                       + (f" or {env}" if env else "") + (f"; default {default}" if default is not None else ""))
+                       + (f" or {env}" if env else "") + (shown if default is not None else ""))
 
     add("--host", str, "127.0.0.1", "interface to listen on")
     add("--port", int, 8787, "port; 0 picks a free one")
@@ -120,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--key-file", str, None, "write the API key in use to this file (mode 0600) once serving, for scripts "
         "and tests; the start line never shows a key given to the server")
     add("--api-key", str, None, "API key of the default organization; generated sp_test_... and stored if absent",
-        env="SPOOLED_API_KEY")
+        env="SPOOLED_API_KEY", secret=True)
     add("--lease-duration", _pos_int, 30, "default job lease in seconds (claim, job heartbeat, register response)")
     add("--heartbeat-interval", _pos_int, 10, "heartbeat_interval_secs in the register response")
     add("--lease-sweep-interval", _pos_float, 1.0, "seconds between expired-lease sweeps")
@@ -198,7 +201,7 @@ def key_source(given: str | None, environ=os.environ) -> str | None:
     holds is named by that variable, any other is the flag's."""
     if not given:
         return None
-    for name in ("SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"):
+    for name in ("SPOOLED_DEV_API_KEY", "SPOOLED_API_KEY"):
         if environ.get(name) == given:
             return name
     return "--api-key"

@@ -110,6 +110,8 @@ class Arbiter:
         self.drain_code = exitcodes.OK  # the exit code once the drain ends
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent
+        self.logged_ready = False  # the `ready` line written
+        self.ready_with = 0  # children up when it was
         self.reloads = 0
         self.reload_began: float | None = None  # the last SIGHUP, until every child is newer than it
         self.loop_errors = 0  # turns in a row that raised
@@ -436,8 +438,10 @@ class Arbiter:
 
     def handle_SIGHUP(self, now: float) -> None:
         self.reloads += 1
-        log_event(log, INFO, "SIGHUP: replacing children one at a time", reload=self.reloads)
+        log_event(log, INFO, "SIGHUP: replacing the children (one first, then the others as their jobs end)",
+                  reload=self.reloads)
         self.pool.reload()
+        self.route(self.claiming.recall_held(), now)  # a child due for replacement starts no job sent ahead
         if self.announced_ready and self.phase is Phase.RUNNING:  # before READY=1 the start covers it
             self.reload_began = now
             self.hooks.reloading(now)
@@ -533,11 +537,20 @@ class Arbiter:
         log_event(log, INFO, "supervisor stopped", exit_code=code)
 
     def announce_ready_if_up(self) -> None:
-        """READY=1 once registered with every child up (once)."""
-        if self.announced_ready or not self.membership.registered or not self.pool.all_up():
+        """The `ready` line once registered (a child is up: the first claim can be made, jobs or not), and
+        READY=1 once every child is up too, with an `every child is up` line when that came later (each once)."""
+        if not self.membership.registered:
+            return
+        up = sum(1 for c in self.pool.children.values() if not c.starting)
+        if not self.logged_ready:
+            self.logged_ready = True
+            log_event(log, INFO, "ready", worker_id=self.cfg.worker_id, children=up, procs=self.pool.target)
+            self.ready_with = up
+        if self.announced_ready or not self.pool.all_up():
             return
         self.announced_ready = True
-        log_event(log, INFO, "ready", worker_id=self.cfg.worker_id, children=len(self.pool.children))
+        if up > self.ready_with:
+            log_event(log, INFO, "every child is up", children=up)
         self.hooks.ready(self.status_line())
 
     # ------------------------------------------------------------ heartbeat

@@ -2,7 +2,7 @@
 
 Each daemon puts `instance_metadata()` into its registration and heartbeat metadata. Before
 registering, `commands/run.py` reads the worker row and asks `other_live_instance`; while running,
-the membership asks `taken_over_by` after its own heartbeat. Both decisions are pure: they take the
+the membership asks `taken_over_by` about every 50 s, just before a heartbeat. Both decisions are pure: they take the
 worker row as `GET /api/v1/workers/{id}` returns it (its `status`, `last_heartbeat` and
 `metadata` fields) and the current wall-clock time.
 """
@@ -168,7 +168,7 @@ def watch_deadline(heartbeat_interval: float) -> float:
 
 
 def taken_over_by(worker_row: dict | None, own: dict) -> str | None:
-    """For a running daemon, after its own heartbeat: the description of a NEWER instance now on the row,
+    """For a running daemon, from its periodic read of the row: the description of a NEWER instance on it,
     or None. `own` is `instance_metadata()`. Of two live daemons on one id the older one yields (the
     newer started deliberately, e.g. a replacement), so they never both stop; equal start times are
     broken by instance id."""

@@ -206,7 +206,7 @@ class QueueIntake:
             if self.hinted_at >= sent_at:
                 self.next_claim_at = now
             elif listening:
-                safety = now + random.uniform(0.8, 1.0) * max(poll_interval, SAFETY_POLL)
+                safety = now + random.uniform(0.9, 1.0) * max(poll_interval, SAFETY_POLL)
                 self.next_claim_at = min([safety, *self.retries_due])
             else:
                 self.next_claim_at = now + backoff(self.empty_claims, 0.05, poll_interval)

@@ -7,9 +7,11 @@ which it builds the heartbeat itself; answers come back as facts
 (`Registered`, `Fatal`, `ExitNow`, `TakenOver`).
 
 Registration and heartbeats carry this instance's identity (supervisor.parent.identity: host, pid,
-start time, a random instance id). Half an interval after each heartbeat the worker row is read
-back: a newer instance on it means another daemon took the worker id over, and this one yields
-(stops heartbeating, drains, exits 6) instead of fighting over the row.
+start time, a random instance id). Every ROW_CHECK_EVERY seconds (rounded to a heartbeat), just before
+this daemon's next heartbeat (so the row shows any other daemon's heartbeat of that interval), the worker
+row is read back: a newer instance on it means another daemon took the worker id over, and this one
+yields (stops heartbeating, drains, exits 6) instead of fighting over the row. So one that appears later
+is found within about ROW_CHECK_EVERY plus an interval (a minute at the usual 10 s), at 0.02 requests/s.
 
 Heartbeat answers: the real server's empty 200, or `{"acknowledged", "next_heartbeat_seconds",
 "commands"}` (the documented shape): `next_heartbeat_seconds` (1-300) sets the interval, and a
@@ -36,6 +38,8 @@ from supervisor.parent.single import OneAtATime
 
 log = logging.getLogger("supervisor")
 
+ROW_CHECK_EVERY = 50.0  # seconds between two reads of the worker row (the takeover check), about
+
 
 class Membership:
     """This daemon's worker row: registration (one at a time, retried), heartbeats built from the values the
@@ -57,6 +61,7 @@ class Membership:
         self.identity = identity.instance_metadata()  # who this daemon is, in its metadata
         self.row_check_at: float | None = None  # read the worker row back at this time (takeover check)
         self.row_check = OneAtATime()  # a read of the worker row on the wire
+        self.row_read_at = float("-inf")  # when the worker row was last read back
         self.yielded = False  # a newer instance took the worker id over: no more heartbeats, no deregister
         self.commands_seen: set[str] = set()  # heartbeat commands already logged as unknown
 
@@ -178,8 +183,11 @@ class Membership:
     def on_heartbeat(self, answer: Any, error: api.ApiError | None, now: float) -> list[Fact]:
         """A heartbeat's answer: follow what it says; re-register if the API forgot us; retry soon on failure."""
         if error is None:
-            self.row_check_at = now + self.heartbeat_interval / 2
-            return self._follow_answer(answer, now)
+            facts = self._follow_answer(answer, now)
+            due = max(now, self.next_heartbeat_at - self.heartbeat_interval / 10)  # just before the next one
+            if self.row_check_at is None and due >= self.row_read_at + ROW_CHECK_EVERY - self.heartbeat_interval / 2:
+                self.row_check_at = due
+            return facts
         if isinstance(error, api.Rejected) and error.status == 404:
             log_event(log, WARNING, "the API no longer knows this worker; registering again")
             self.registered = False
@@ -218,11 +226,11 @@ class Membership:
 
     # ------------------------------------------------------------ the worker row
     def check_row_if_due(self, now: float) -> None:
-        """Read the worker row back (half an interval after a heartbeat) to see whether a newer instance
-        took the worker id over."""
+        """Read the worker row back (about every ROW_CHECK_EVERY, just before a heartbeat) to see whether a
+        newer instance took the worker id over."""
         if self.row_check_at is None or now < self.row_check_at or self.yielded or not self.row_check.start():
             return
-        self.row_check_at = None
+        self.row_check_at, self.row_read_at = None, now
         self.submit(self.api.get_worker_call(self.cfg.worker_id), self.row_check.followup(self.on_row))
 
     def on_row(self, row: Any, error: api.ApiError | None, now: float) -> list[Fact]:

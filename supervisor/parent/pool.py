@@ -38,6 +38,7 @@ MiB = 2**20
 CONVERGE_EVERY = 0.25  # also converge at once whenever a child, a signal or a replacement changes the pool
 DEGRADED_FOR = 60.0  # `degraded` this long after a boot failure, or while 3 crashes fall in it
 MAX_PROCS = 1000
+READ_BUDGET = 1024 * 1024  # bytes read from one child per turn of the loop at most (a bigger result takes turns)
 EXPECTED_STOPS = ("shutdown", "resize", "max_jobs", "max_memory", "reload", "memory_pressure")
 
 
@@ -83,21 +84,34 @@ class ChildPool:
     # ------------------------------------------------------------ reading
     def idle_count(self) -> int:
         """How many children may take a job now (`idle_children`, counted without ordering them)."""
-        return sum(1 for c in self.children.values() if self._may_take_job(c))
+        proven = self.reload_proven()
+        return sum(1 for c in self.children.values() if self._may_take_job(c, proven))
 
     def idle_children(self) -> list[Child]:
-        """Children that may take a job now (one due for a reload still works until its turn comes), the
-        longest idle first: a child whose jobs end just as each claim's answer comes must not take every
-        job while another waits (with claims for idle children only, it would, for seconds)."""
-        idle = [c for c in self.children.values() if self._may_take_job(c)]
+        """Children that may take a job now (see `_may_take_job`), the longest idle first: a child whose
+        jobs end just as each claim's answer comes must not take every job while another waits (with
+        claims for idle children only, it would, for seconds)."""
+        proven = self.reload_proven()
+        idle = [c for c in self.children.values() if self._may_take_job(c, proven)]
         if len(idle) > 1:
             idle.sort(key=lambda c: c.idle_since)
         return idle
 
+    def reload_proven(self) -> bool:
+        """A reload's new code is proven: some child started since the reload (due for nothing) is up, its
+        forkserver is ready and no slot is backing off after a failed start. Until then the children due
+        for the reload keep working (new code that does not import must not take them all down); from
+        then on each takes no more work and is replaced the moment its job ends (see converge)."""
+        if not any(c.replace_reason == "reload" for c in self.children.values()):
+            return False
+        return (not self.boot_failures and ready(self.generation)
+                and any(c.replace_reason is None and (c.idle or c.busy) for c in self.children.values()))
+
     @staticmethod
-    def _may_take_job(child: Child) -> bool:
-        """Idle, and not due for replacement (one due for a reload still works until its turn comes)."""
-        return child.idle and child.replace_reason in (None, "reload")
+    def _may_take_job(child: Child, reload_proven: bool) -> bool:
+        """Idle, and not due for replacement; one due for a reload works until the reload is proven."""
+        return child.idle and (child.replace_reason is None
+                               or (child.replace_reason == "reload" and not reload_proven))
 
     def holding_children(self) -> list[Child]:
         """Busy children that may be sent their next job now, to start when theirs ends."""
@@ -166,14 +180,14 @@ class ChildPool:
         return self.target
 
     def reload(self) -> None:
-        """Replace every child, one at a time; with --preload they come from a new forkserver, which imports
-        the handler's module afresh."""
+        """Replace every child: one first, then, once its new child is up, every other as its job ends (see
+        converge); with --preload they come from a new forkserver, which imports the handler's module afresh."""
         if self.cfg.preload:
             self.generation = renew_forkserver(self.cfg.handler)
         self.replace_all("reload")
 
     def replace_all(self, reason: str) -> None:
-        """Replace every child once it is idle (a reload: one at a time, see converge)."""
+        """Replace every child once it is idle (a reload: one first, then the others, see converge)."""
         for child in self.children.values():
             self.replace(child, reason)
         self.changed = True
@@ -235,9 +249,13 @@ class ChildPool:
         for slot in range(self.target):
             if slot not in self.children and now >= self.respawn_at.get(slot, 0.0) and not stopping_for_good:
                 self._start_child(slot, now)
-        # A reload replaces one child at a time, and waits while its forkserver is still importing, a new
-        # child is starting, one is being stopped, or a slot is backing off after a failed start (new code
-        # that does not import).
+        # A reload first replaces one child (the first idle one), and waits while its forkserver is still
+        # importing, that new child is starting, the old one is being stopped, or a slot is backing off
+        # after a failed start (new code that does not import). Once a child started since is up (the
+        # reload is proven), every child due for it is replaced the moment it is idle, in parallel: they
+        # take no more work (idle_children), so each is new within its job's end and a start-up, and
+        # the proven child keeps the throughput above zero.
+        proven = self.reload_proven()
         replacing = bool(self.boot_failures) or not ready(self.generation) or any(
             c.starting or (c.stopping and c.stop_reason == "reload") for c in self.children.values())
         for child in list(self.children.values()):
@@ -246,8 +264,8 @@ class ChildPool:
             elif child.slot >= self.target and child.busy:
                 self.replace(child, "resize")
             elif child.replace_reason and child.idle:
-                if child.replace_reason == "reload" and replacing:
-                    continue  # one at a time, so capacity drops by one child at most
+                if child.replace_reason == "reload" and replacing and not proven:
+                    continue  # the first alone, so new code that does not import costs one child at most
                 log_event(log, INFO, "replacing child", slot=child.slot, pid=child.pid, reason=child.replace_reason,
                           jobs_done=child.jobs_done, rss=child.rss)
                 child.begin_stop(child.replace_reason, now, self.cfg.kill_grace, graceful=True)
@@ -269,10 +287,11 @@ class ChildPool:
         self.next_memory_check = now + MEMORY_CHECK_EVERY
         return self._check_memory(now)
 
-    def read(self, child: Child, now: float) -> list[Fact]:
-        """Read what the child sent: `ready`, `done` and `boot_error` frames, as facts."""
+    def read(self, child: Child, now: float, budget: int | None = READ_BUDGET) -> list[Fact]:
+        """Read what the child sent (at most `budget` bytes; None: all of it): `ready`, `done` and
+        `boot_error` frames, as facts."""
         try:
-            messages = child.chan.receive()
+            messages = child.chan.receive(budget)
         except (EOFError, OSError):
             self._unwatch(child.chan.sock)
             return []
@@ -293,6 +312,7 @@ class ChildPool:
                 facts.append(JobStarted(child.slot, msg["id"], _number(msg.get("at"), now)))
             elif frame == "dropped" and isinstance(msg.get("id"), str):
                 child.job_returned(now, msg["id"])
+                self.changed = self.changed or bool(child.replace_reason and child.idle)
                 facts.append(JobReturned(child.slot, msg["id"]))
             elif frame == "boot_error":
                 child.note_boot_error(msg.get("error") or "")
@@ -310,7 +330,9 @@ class ChildPool:
         its job (`ChildLost`). Raises HandlerImportFailed if the first child could not import the handler."""
         if self.children.get(child.slot) is not child:
             return []  # already handled
-        facts = self.read(child, now)  # drain the pipe first: a result sent just before dying still counts
+        # Drain the pipe first: a result sent just before dying still counts (bounded: a process the job left
+        # behind may hold the socket and write on).
+        facts = self.read(child, now, 4 * self.cfg.max_result_bytes + READ_BUDGET)
         child.proc.join(0)
         kill_group(child)  # what its handler left in its process group goes too, before any new child starts
         stop_owned(child.pid or 0, self.cfg.kill_grace)  # and what it started in sessions of their own
@@ -380,6 +402,8 @@ class ChildPool:
         following = msg.get("next")
         following = following if isinstance(following, str) else None
         child.answered(now, following)
+        if child.replace_reason and child.idle:
+            self.changed = True  # converge this very turn, before feed_children would hand it a job
         if child.job_quota and child.jobs_done >= child.job_quota:
             self.replace(child, "max_jobs")
         if self.cfg.max_memory_per_child_mb and child.pid:

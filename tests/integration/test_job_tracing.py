@@ -92,3 +92,17 @@ def test_a_trace_context_travels_in_an_object_payload_only():
         carry({}, "00-<b>markup</b>-01")
     assert carry({"a": 1}, f"00-{TRACE_ID}-{PARENT_ID}-01", "k=v") == {
         "a": 1, TRACE_KEY: {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": "k=v"}}
+
+
+def test_a_malformed_trace_context_is_one_debug_line_and_the_job_completes(dev_server, daemon_factory, tmp_path):
+    d = daemon_factory("badtrace", handler="tests.support.handlers_traced:handle", procs=1,
+                       env={"TRACE_OUT": str(tmp_path)},
+                       args=["--child-init", "tests.support.handlers_traced:init", "--log-level", "DEBUG"])
+    job = dev_server.enqueue("badtrace", {TRACE_KEY: {"traceparent": "00-<b>not</b>-01"}})
+    (done,) = wait_for_status(dev_server, [job])
+    assert done["result"] == {"ok": True}
+    (line,) = d.wait_events("the job's trace context is malformed; its span starts a new trace")
+    assert line["level"] == "debug" and line["job_id"] == job
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    assert len(d.events("the job's trace context is malformed; its span starts a new trace")) == 1

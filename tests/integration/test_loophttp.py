@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -158,3 +159,28 @@ def test_calls_waiting_for_a_connection_time_out_at_their_own_deadline_and_the_s
     assert [item[0] for item in client.queue] == ["b"] and client.next_deadline() == client.queue[0][2]
     client.expire(client.queue[0][2])
     assert [t for t, _, _ in client.done()] == ["b"] and not client.queue and client.next_deadline() is None
+
+
+@pytest.mark.timeout(60)
+def test_a_huge_answer_is_read_over_many_turns_and_none_holds_the_loop():
+    """An answer of 8 MiB sent as fast as loopback goes: each turn reads at most READ_BUDGET of it, so a peer
+    that floods (or never ends its body) cannot hold the loop; the answer still arrives whole."""
+    size = 8 * 2**20
+    body = b'{"jobs": [], "pad": "' + b"x" * size + b'"}'
+    srv = one_shot_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                          + str(len(body)).encode() + b"\r\n\r\n" + body)
+    spooled, client, sel, wake_r = make_client(f"http://127.0.0.1:{srv.getsockname()[1]}", "sp_test_0123456789")
+    client.submit("stats", spooled.queue_stats_call("q"))
+    turns, done = 0, []
+    deadline = time.monotonic() + 30
+    while not done and time.monotonic() < deadline:
+        for key, mask in sel.select(0.05):
+            if key.data[0] == "http":
+                client.on_ready(key.data[1], mask, time.monotonic())
+                turns += 1
+            else:
+                os.read(wake_r, 4096)
+        done = client.done()
+    assert done and done[0][0] == "stats"
+    assert turns >= size // (loophttp.READ_BUDGET + 65536), turns  # read a budget at a time
+    srv.close()

@@ -123,7 +123,7 @@ def test_json_logs_carry_job_fields_and_never_the_key(dev_server):
 
 
 @pytest.mark.timeout(90)
-def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server):
+def test_sighup_replaces_one_child_first_then_the_other_without_dropping_work(dev_server):
     ids = [dev_server.enqueue("q-hup", {"do": "cpu", "ms": 100}) for _ in range(60)]
     daemon = Daemon(dev_server, "q-hup", procs=2, worker_id="w-hup",
                     args=["--health-port", "0", "--log-level", "DEBUG"]).start()
@@ -149,10 +149,10 @@ def test_sighup_replaces_children_one_at_a_time_without_dropping_work(dev_server
             time.sleep(0.01)
         else:
             raise AssertionError(f"children not replaced after SIGHUP: seen {sorted(first_seen)}, before {before}")
-        daemon.out.wait_for(r"SIGHUP: replacing children")
+        daemon.out.wait_for(r"SIGHUP: replacing the children")
         new = sorted(set(first_seen) - before, key=first_seen.get)
-        # One at a time, in the parent's own order of events (sampling the process table cannot tell on a
-        # loaded machine): the second old child is asked to go only after the first new one started.
+        # One first, in the parent's own order of events (sampling the process table cannot tell on a loaded
+        # machine): the second old child is asked to go only after the first new one started.
         replaced = daemon.wait_events("replacing child", count=2, reason="reload")
         assert {r["pid"] for r in replaced} == before, replaced
         order = [(r["msg"], r.get("pid")) for r in daemon.records()

@@ -5,7 +5,8 @@ $MEMORY_VERSION_FILE (if set) so a reload test can see which code a child runs; 
 the import that much slower.
 `handle` payloads: {"do": "model"} reads the model; {"do": "alloc", "mb": N, "secs": S} holds N MiB in the
 child for S seconds; {"do": "sub_alloc", "mb": N, "secs": S} starts a subprocess that does that and waits
-for it (a tree the cap must count); {"do": "version"}.
+for it (a tree the cap must count); {"do": "version", "secs": S} says which code ran it, and when it started,
+after S seconds (default 0).
 """
 
 from __future__ import annotations
@@ -49,4 +50,6 @@ def handle(ctx):
             with open(p["pidfile"], "w") as f:
                 f.write(str(proc.pid))
         return {"code": proc.wait(), "pid": os.getpid()}
-    return {"version": VERSION, "pid": os.getpid()}
+    started = time.time()
+    time.sleep(float(p.get("secs", 0)))
+    return {"version": VERSION, "pid": os.getpid(), "started": started}

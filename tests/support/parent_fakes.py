@@ -127,7 +127,7 @@ class FakeChan:
             raise OSError("broken pipe")
         self.sent.append(msg)
 
-    def receive(self) -> list[dict]:
+    def receive(self, budget: int | None = None) -> list[dict]:
         if self.eof:
             raise EOFError
         messages, self.inbox = self.inbox, []

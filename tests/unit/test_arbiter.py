@@ -351,14 +351,14 @@ def test_taken_over_drains_and_exits_6_without_deregistering(rig):
     rig.arb.membership.heartbeat_soon(T0 + 1)
     rig.arb.send_heartbeat(T0 + 1)
     rig.answer("worker_heartbeat", None, None, now=T0 + 1)
-    rig.arb.membership.check_row_if_due(T0 + 6)
+    rig.arb.membership.check_row_if_due(T0 + 10)  # just before the next heartbeat
     own = rig.arb.membership.identity
     row = {"metadata": {"instance_id": "f" * 16, "started_at": "2999-01-01T00:00:00.000Z"}}
     assert own["instance_id"] != "f" * 16
-    rig.answer("get_worker", row, now=T0 + 6)
+    rig.answer("get_worker", row, now=T0 + 10)
     assert rig.arb.phase is Phase.DRAINING and not rig.arb.may_claim()
     assert not rig.arb.membership.heartbeat_due(T0 + 100)  # the row is the newer daemon's now
-    rig.arb.check_drain(T0 + 6 + rig.arb.cfg.drain_timeout)
+    rig.arb.check_drain(T0 + 10 + rig.arb.cfg.drain_timeout)
     assert rig.arb.exit_code == exitcodes.WORKER_ID_IN_USE == 6 and rig.deregistered == []
 
 

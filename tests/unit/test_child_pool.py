@@ -309,11 +309,11 @@ def test_a_slot_resized_away_forgets_its_back_off(rig):
 
 # ------------------------------------------------------------------ reloading and recycling
 
-def test_reload_replaces_children_one_at_a_time(monkeypatch):
+def test_reload_replaces_one_child_first_then_the_others_at_once(monkeypatch):
     rig = Rig(monkeypatch, procs=3)
     children = rig.up()
     rig.pool.replace_all("reload")
-    assert len(rig.pool.idle_children()) == 3  # due for a reload, they still work until their turn
+    assert len(rig.pool.idle_children()) == 3  # due for a reload, they still work until it is proven
     rig.converge(T0 + 1)
     stopping = [c for c in children if c.stopping]
     assert len(stopping) == 1 and stopping[0].stop_reason == "reload" and stopping[0].chan.sent == [{"t": "stop"}]
@@ -325,8 +325,9 @@ def test_reload_replaces_children_one_at_a_time(monkeypatch):
     rig.converge(T0 + 3)
     assert sum(c.stopping for c in children) == 1  # ... and waits while the new child starts
     rig.ready(new, T0 + 3)
+    assert rig.pool.idle_children() == [new]  # proven: the children due for it take no more work ...
     rig.converge(T0 + 3)
-    assert sum(c.stopping for c in children) == 2
+    assert sum(c.stopping for c in children) == 3  # ... and are replaced together
 
 
 def test_reload_waits_for_a_busy_child_to_finish(rig):

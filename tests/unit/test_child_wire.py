@@ -33,3 +33,30 @@ def test_frames_of_several_mib_cross_a_socketpair_without_deadlock():
     with pytest.raises(EOFError):
         while True:
             chan.receive()
+
+
+def test_a_budget_bounds_what_one_receive_reads_and_the_rest_comes_next_time():
+    """A child that sends a flood of frames holds the parent's loop for one budget a turn, and loses nothing."""
+    Channel, encode = wire.Channel, wire.encode
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    b.setblocking(False)
+    frame = encode({"t": "log", "x": "y" * 1000})
+    sent = 0
+    try:
+        while True:
+            sent += b.send(frame)
+    except BlockingIOError:
+        pass
+    whole = sent // len(frame)
+    chan = Channel(a)
+    first = chan.receive(budget=64 * 1024)
+    assert 0 < len(first) <= 64 * 1024 // len(frame) + 1
+    rest = []
+    while len(first) + len(rest) < whole:
+        got = chan.receive(budget=64 * 1024)
+        assert got or len(first) + len(rest) == whole
+        rest += got
+    assert len(first) + len(rest) == whole and all(m == {"t": "log", "x": "y" * 1000} for m in first + rest)
+    a.close()
+    b.close()

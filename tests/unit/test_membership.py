@@ -234,18 +234,27 @@ def test_unknown_heartbeat_commands_are_noted_once(rig, caplog):
     assert sum("command this daemon does not know" in r.getMessage() for r in caplog.records) == 2
 
 
-def test_the_worker_row_is_read_back_half_an_interval_after_a_heartbeat(rig):
+def test_the_worker_row_is_read_back_just_before_a_heartbeat_about_every_50_s(rig):
     rig.registered(T0, interval=10)
-    _, followup, _ = rig.heartbeat(T0 + 10)
-    followup.answer(None, None, T0 + 10.2)
-    assert rig.members.next_deadline() == T0 + 15.2
-    rig.members.check_row_if_due(T0 + 15.1)
-    assert rig.submit.calls == []
-    rig.members.check_row_if_due(T0 + 15.2)
-    call, _, _ = rig.submit.take("get_worker")
-    assert call.method == "GET" and call.path.endswith("/workers/w-1")
-    rig.members.check_row_if_due(T0 + 16)
-    assert rig.submit.calls == []  # once per heartbeat
+    reads = []
+    for n in range(1, 13):  # two minutes of heartbeats
+        beat = T0 + 10 * n
+        _, followup, _ = rig.heartbeat(beat)
+        followup.answer(None, None, beat + 0.2)
+        due = rig.members.row_check_at
+        if due is not None:
+            assert due == beat + 9  # just before the next heartbeat: the row shows any other daemon's of this interval
+            rig.members.check_row_if_due(due - 0.1)
+            assert rig.submit.calls == []
+            rig.members.check_row_if_due(due)
+            call, followup, _ = rig.submit.take("get_worker")
+            assert call.method == "GET" and call.path.endswith("/workers/w-1")
+            followup.answer({"metadata": dict(rig.members.identity)}, None, due + 0.1)
+            reads.append(due)
+            rig.members.check_row_if_due(due + 0.5)
+            assert rig.submit.calls == []  # once
+    assert reads[0] == T0 + 19  # the first heartbeat's interval is checked
+    assert [b - a for a, b in zip(reads, reads[1:], strict=False)] == [50.0, 50.0]  # 0.02 requests/s
 
 
 def newer_row(members, seconds_later: float = 60.0) -> dict:
@@ -261,7 +270,7 @@ def test_a_newer_instance_on_the_row_makes_this_daemon_yield(rig):
     rig.registered(T0)
     _, followup, _ = rig.heartbeat(T0 + 10)
     followup.answer(None, None, T0 + 10)
-    rig.members.check_row_if_due(T0 + 15)
+    rig.members.check_row_if_due(T0 + 19)
     _, followup, _ = rig.submit.take("get_worker")
     facts = followup.answer(newer_row(rig.members), None, T0 + 15.1)
     assert [type(f).__name__ for f in facts] == ["TakenOver"] and "f" * 16 in facts[0].other
@@ -274,7 +283,7 @@ def test_the_row_of_this_or_an_older_instance_or_a_failed_read_changes_nothing(r
     rig.registered(T0)
     _, followup, _ = rig.heartbeat(T0 + 10)
     followup.answer(None, None, T0 + 10)
-    rig.members.check_row_if_due(T0 + 15)
+    rig.members.check_row_if_due(T0 + 19)
     _, followup, _ = rig.submit.take("get_worker")
     answer, err = {
         "own": ({"metadata": dict(rig.members.identity)}, None),
@@ -290,6 +299,6 @@ def test_recover_row_allows_the_next_check(rig):
     rig.registered(T0)
     _, followup, _ = rig.heartbeat(T0 + 10)
     followup.answer(None, None, T0 + 10)
-    rig.members.check_row_if_due(T0 + 15)
+    rig.members.check_row_if_due(T0 + 19)
     _, followup, _ = rig.submit.take("get_worker")
     assert followup.recover(T0 + 15.1) is None and not rig.members.row_check.busy

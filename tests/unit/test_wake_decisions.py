@@ -9,7 +9,17 @@ import pytest
 from support.flow_sim import Sim
 
 from supervisor.parent.facts import Listening, WorkCreated
-from supervisor.parent.wake import REOPEN_BASE, SAFETY_POLL, SILENCE, Wake
+from supervisor.parent.wake import (
+    FLOOD_BYTES,
+    FLOOD_COMMENTS,
+    REOPEN_BASE,
+    SAFETY_POLL,
+    SHORT_LIVES,
+    SILENCE,
+    STEADY,
+    SUSPECT_REOPEN,
+    Wake,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -155,3 +165,55 @@ def test_a_refused_key_on_the_stream_is_fatal_as_on_any_route():
     wake.opening(0.0)
     [fact] = wake.refused(401, "Invalid API key", 0.0)
     assert isinstance(fact, Fatal) and fact.code == exitcodes.AUTH and "events stream" in fact.error
+
+
+# ------------------------------------------------------------------ a stream that misbehaves
+
+def test_one_stream_that_ends_early_is_a_restart_not_a_misbehaving_stream():
+    wake = live_wake(100.0)
+    assert wake.lost(101.0, "the server ended the events stream") == [Listening(False)]
+    assert not wake.suspect and wake.reopen_at <= 101.0 + REOPEN_BASE
+    wake.opening(wake.reopen_at)
+    assert wake.opened(wake.reopen_at) == [Listening(True)]  # every queue re-checked, as after any reconnect
+
+
+def test_streams_that_keep_closing_at_once_back_off_and_are_said_once(caplog):
+    wake = live_wake(100.0)
+    now, facts, waits = 100.0, [], []
+    with caplog.at_level("DEBUG", logger="supervisor"):
+        for _ in range(SHORT_LIVES + 3):
+            facts += wake.lost(now, "the server ended the events stream")
+            waits.append(wake.reopen_at - now)
+            now = wake.reopen_at
+            wake.opening(now)
+            facts += wake.opened(now)
+    assert wake.suspect and wake.misbehaved == 1
+    # exponential while it might be a restart, then SUSPECT_REOPEN apart
+    assert waits[0] <= waits[1] * 2 and all(w >= SUSPECT_REOPEN / 2 for w in waits[SHORT_LIVES - 1:]), waits
+    # the first flaps re-check the queues; once it is a suspect, its flaps say nothing (the safety poll goes on)
+    assert facts == [Listening(False), Listening(True)] * (SHORT_LIVES - 1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "misbehaves" in warnings[0] and "ended within" in warnings[0], warnings
+
+
+def test_a_suspect_stream_that_stays_up_is_trusted_again():
+    wake = live_wake(0.0)
+    wake.traffic(1.0, FLOOD_BYTES + 1, 0)
+    assert wake.lost(1.0, "floods", flood="it sent too much") == [] and wake.suspect
+    at = wake.reopen_at
+    wake.opening(at)
+    assert wake.opened(at) == [] and wake.steady(at + STEADY - 1) == []
+    assert wake.steady(at + STEADY + 0.001) == [Listening(True)] and not wake.suspect and wake.failures == 0
+    assert wake.steady(at + STEADY + 1) == []  # said once
+
+
+def test_a_flood_is_counted_over_a_window_in_bytes_and_comment_lines():
+    wake = live_wake(0.0)
+    assert wake.traffic(0.5, FLOOD_BYTES // 2, FLOOD_COMMENTS // 2) is None
+    assert "bytes" in (wake.traffic(1.0, FLOOD_BYTES // 2 + 1, 0) or "")
+    wake = live_wake(0.0)
+    assert wake.traffic(1.0, 100, FLOOD_COMMENTS) is None  # a keepalive every 10 s is far below
+    assert "comment lines" in (wake.traffic(2.0, 100, 1) or "")
+    wake = live_wake(0.0)
+    for t in range(0, 100, 11):  # the same traffic spread over windows never floods
+        assert wake.traffic(float(t), FLOOD_BYTES // 2, FLOOD_COMMENTS // 2) is None
