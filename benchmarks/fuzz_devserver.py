@@ -1,8 +1,8 @@
 """Fuzz the dev server from the published OpenAPI spec with schemathesis, on a time budget.
 
 Starts `python -m supervisor dev-server` on a free loopback port with a temporary database, writes the
-spec with the contract's corrections (below) to a temporary file, and runs `st run` against it with the
-checks `not_a_server_error` (no 5xx) and `rfc3339_timestamps` (every string a response holds under a key
+spec with the corrections `correct()` makes (below) to a temporary file, and runs `st run` against it with
+the checks `not_a_server_error` (no 5xx) and `rfc3339_timestamps` (every string a response holds under a key
 ending in `_at`, or `timestamp`, is RFC 3339 with an offset, as the SDK's models read them). Prints a one-line
 JSON summary (read from schemathesis's JSON report) and exits 0 when no check failed and the server answered
 every request, else 1 (2 when schemathesis is not installed). Schemathesis's own errors (a crash of its data
@@ -53,9 +53,9 @@ def bad_timestamps(value, path: str = "") -> list[str]:
 
 
 def correct(spec: dict) -> dict:
-    """The spec with the contract's corrections that change what a client sends or may be answered:
+    """The spec with the corrections that change what a client sends or may be answered:
     `/health` has no `version`; DLQ retry's limit stops at 100; complete, fail and job heartbeat take
-    `lease_id` (required since the seeds); a schedule's cron expression is 9-100 characters."""
+    `lease_id` (required by newer servers); a schedule's cron expression is 9-100 characters."""
     schemas = spec.get("components", {}).get("schemas", {})
     health = schemas.get("HealthResponse", {})
     if "version" in health.get("required", []):

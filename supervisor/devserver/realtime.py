@@ -13,7 +13,8 @@ Contract:
   `?events=a,b` keeps only those names (`*` keeps all). The stream opens with a `:connected` comment.
   Every HEALTH_EVERY seconds it sends `system.health` if the filter keeps it, else a `:keepalive`
   comment, so a silent connection is a dead one.
-- A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
+- A stream ends after MAX_STREAM seconds, when its key is revoked (`drop_key`) or expires, when the
+  client goes, when the server stops, or on `drop_all`
   (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
   with 503 for a while): one organization's streams, never another's.
 - A subscriber that falls BUFFER events behind loses the newest ones, as the real broadcast channel
@@ -44,15 +45,25 @@ Fragment = orjson.Fragment
 
 class Subscriber:
     """One open stream's (or WebSocket's) filter and its buffer of events: encoded SSE frames, or with
-    `raw` the (name, variant, data) triples. `wake`, if set, is called after each item is buffered."""
+    `raw` the (name, variant, data) triples. `wake`, if set, is called after each item is buffered.
+
+    `scope` (a queue-scoped key's queues) bounds what the filter can ever see: only events of those queues,
+    whatever `queue_name` the client narrows or widens to. `key_id` is the key the stream was opened with
+    (its revocation ends the stream), `expires_at` (epoch seconds) when that key or token expires (the
+    stream ends then)."""
 
     def __init__(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None = None,
-                 raw: bool = False, wake: Callable[[], None] | None = None):
+                 raw: bool = False, wake: Callable[[], None] | None = None, key_id: str | None = None,
+                 scope: frozenset[str] | None = None, expires_at: float | None = None):
         self.org, self.queue_name, self.names, self.job_id = org, queue_name, names, job_id
         self.raw, self.wake = raw, wake
         self.buffer: queue.Queue = queue.Queue(maxsize=BUFFER)
         self.dropped = 0
-        self.key_id: str | None = None  # the API key the stream was opened with (its revocation ends it)
+        self.key_id, self.scope, self.expires_at = key_id, scope, expires_at
+
+    def expired(self, now: float) -> bool:
+        """Whether the stream's key (or token) has expired at wall-clock `now`."""
+        return self.expires_at is not None and now >= self.expires_at
 
     def wants_name(self, name: str) -> bool:
         return self.names is None or name in self.names or "*" in self.names
@@ -61,6 +72,8 @@ class Subscriber:
         if org != self.org or not self.wants_name(name):
             return False
         if self.queue_name is not None and queue_name != self.queue_name:
+            return False
+        if self.scope is not None and queue_name not in self.scope:
             return False
         return self.job_id is None or job_id == self.job_id
 
@@ -88,6 +101,18 @@ class Broadcaster:
                   raw: bool = False, wake: Callable[[], None] | None = None) -> Subscriber:
         sub = Subscriber(org, queue_name, names, job_id, raw, wake)
         with self._lock:
+            self._subs.add(sub)
+        return sub
+
+    def subscribe_capped(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None,
+                         raw: bool, cap: int, key_id: str | None = None, scope: frozenset[str] | None = None,
+                         expires_at: float | None = None) -> Subscriber | None:
+        """A new subscriber, unless the organization already has `cap` of this kind (`raw`: WebSockets, else
+        event streams) open: counted and added under one lock, so parallel opens cannot pass the cap."""
+        sub = Subscriber(org, queue_name, names, job_id, raw, key_id=key_id, scope=scope, expires_at=expires_at)
+        with self._lock:
+            if sum(1 for s in self._subs if s.org == org and s.raw == raw) >= cap:
+                return None
             self._subs.add(sub)
         return sub
 
@@ -227,7 +252,7 @@ class EventStream(Streamed):
                 return
             while not gone():
                 now = time.monotonic()
-                if now - started >= self.max_stream:
+                if now - started >= self.max_stream or self.sub.expired(time.time()):
                     return
                 if now >= next_health:
                     next_health = now + self.health_every

@@ -7,7 +7,7 @@ serialised by SQLite itself (busy_timeout waits). WAL + synchronous=NORMAL: a
 killed process loses no committed transaction. Times are stored as epoch
 seconds (REAL) and rendered as RFC 3339 UTC with `Z`. JSON values (payload,
 result, tags, metadata, settings) are stored as JSON text and sent back verbatim
-as orjson fragments. Methods raise errors.HttpError for contract outcomes.
+as orjson fragments. Methods raise errors.HttpError for the real server's error outcomes.
 """
 
 from __future__ import annotations
@@ -831,12 +831,17 @@ class Store:
         return job_dict(rows[0])
 
     def list_jobs(self, org: str, queue: str | None, statuses: list[str] | None, tag: str | None, limit: int,
-                  offset: int, order_desc: bool = True) -> tuple[list[dict], bool]:
+                  offset: int, order_desc: bool = True,
+                  scope: frozenset[str] | None = None) -> tuple[list[dict], bool]:
+        """One page of jobs; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         sql = _SUMMARY_SELECT + " WHERE organization_id=?"
         args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
         if statuses:
             sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args += statuses
@@ -930,11 +935,15 @@ class Store:
                 db.execute("DELETE FROM jobs WHERE id=?", (jid,))
         return len(ids)
 
-    def stats(self, org: str) -> dict:
+    def stats(self, org: str, scope: frozenset[str] | None = None) -> dict:
+        """Jobs per status; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter",
                              "cancelled"), 0)
-        for status, n in self._read("SELECT status, count(*) FROM jobs WHERE organization_id=? GROUP BY status",
-                                    (org,)):
+        sql, args = "SELECT status, count(*) FROM jobs WHERE organization_id=?", [org]
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
+        for status, n in self._read(sql + " GROUP BY status", args):
             out[status] = n
         out["total"] = sum(out.values())
         return out
@@ -942,7 +951,7 @@ class Store:
     # ---- queues ----
     def list_queues(self, org: str) -> list[dict]:
         """`GET /queues` as the real server answers it: configured queues plus the "implicit" ones that only
-        have jobs (reported with the default config), sorted by name, at most 100 (handlers/queues.rs@v0.1.114)."""
+        have jobs (reported with the default config), sorted by name, at most 100 (as the real server since 0.1.114)."""
         rows = self._read("SELECT queue_name, max_retries, default_timeout, rate_limit, enabled FROM queue_config "
                           "WHERE organization_id=? ORDER BY queue_name LIMIT 100", (org,))
         out = {r[0]: {"queue_name": r[0], "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],

@@ -1,4 +1,4 @@
-"""Request validation with the contract's error shapes.
+"""Request validation with the real server's error shapes.
 
 Absent required field -> 422 missing_field; wrong JSON type -> 422 invalid_type;
 a value of the right type that breaks a rule -> 400 VALIDATION_ERROR. JSON null
@@ -8,11 +8,31 @@ counts as absent for optional fields.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from .errors import field_hint, invalid_json, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
+
+
+def check_url(url: str, field: str = "url") -> str:
+    """A URL the dev server will POST to (a webhook's, a job's `completion_webhook`): at most 2048
+    characters, no whitespace or control characters, http or https, with a host; else 400 `invalid_url`."""
+    if len(url) > 2048:
+        raise validation(field, "length must be at most 2048", "length")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise validation(field, "Invalid URL: contains whitespace or control characters", "invalid_url")
+    try:
+        u = urlsplit(url)
+        _ = u.port
+    except ValueError as e:
+        raise validation(field, f"Invalid URL: {e}", "invalid_url") from None
+    if u.scheme not in ("http", "https"):
+        raise validation(field, "URL must use HTTP or HTTPS scheme", "invalid_url")
+    if not u.hostname:
+        raise validation(field, "Invalid URL: empty host", "invalid_url")
+    return url
 
 
 def _queue_chars_ok(name: str) -> bool:
@@ -142,10 +162,14 @@ class Body:
 
 
 def check_queue_name(q: str, field: str = "queue_name") -> str:
+    """The one rule for a queue a job, worker, workflow job or schedule names (what a claim accepts): 1-100
+    characters, alphanumeric or `-_.`, not starting with `.` or `-`; else 400 VALIDATION_ERROR on `field`."""
     if not q or len(q) > 100:
         raise validation(field, "length must be between 1 and 100", "length")
-    if not _queue_chars_ok(q) or q[0] in ".-":
+    if not _queue_chars_ok(q):
         raise validation(field, "Queue name contains invalid characters", "invalid_queue_name")
+    if q[0] in ".-":
+        raise validation(field, "Queue name cannot start with dots or dashes", "invalid_queue_name_start")
     return q
 
 
