@@ -49,7 +49,9 @@ def program() -> str:
 
 def parser(subcommand: str, cls: type[argparse.ArgumentParser] = argparse.ArgumentParser,
            **kwargs: Any) -> argparse.ArgumentParser:
-    """An argument parser for `subcommand`, named as invoked (`PROGRAM SUBCOMMAND`), with `--version`."""
+    """An argument parser for `subcommand`, named as invoked (`PROGRAM SUBCOMMAND`), with `--version`. Flags
+    are taken as spelled in full only: an abbreviation is an unknown flag, never a guess at another."""
+    kwargs.setdefault("allow_abbrev", False)
     p = cls(prog=f"{program()} {subcommand}", **kwargs)
     add_version(p)
     return p

@@ -373,6 +373,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     """The `run` argument parser. Values stay text here (None when not given); `resolve` parses them."""
     p = OneLineParser(
         prog=f"{cli.program()} [run]",
+        allow_abbrev=False,  # a flag is taken as spelled in full only
         description="Run CPU-bound jobs from a Spooled queue on N child processes. Every option also reads "
         "the environment variable shown and the --config file's key of the same name (procs = 8); a flag beats "
         "its variable, which beats the file. The API key comes from SPOOLED_API_KEY, "

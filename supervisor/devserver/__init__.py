@@ -5,7 +5,7 @@ Modules, one concern each:
   app      -- routing, auth, error envelopes, fault hook
   transport -- HTTP/1.1: httptools framing on one I/O thread, handler pool, limits and timeouts
   handlers -- one function per route: validate the request, call the store
-  validate -- request-body validation producing the contract's error shapes
+  validate -- request-body validation producing the real server's error shapes
   errors   -- HttpError and the JSON error envelopes ({code, message})
   store    -- every SQL statement and transaction (SQLite, WAL)
   sweeps   -- background lease recovery and stale-worker reaper

@@ -70,6 +70,8 @@ ROUTES = [
     ("POST", "/api/v1/jobs/{id}/heartbeat", h.job_heartbeat, API),
     ("POST", "/api/v1/jobs/{id}/retry", h.retry_job, API),
     ("GET", "/api/v1/events", h.sse_events, API),
+    ("GET", "/api/v1/events/jobs/{id}", h.sse_job, API),
+    ("GET", "/api/v1/events/queues/{name}", h.sse_queue, API),
     ("GET", "/api/v1/ws", websocket.connect, API),
     ("GET", "/_dev/events", h.event_streams, DEV),
     ("POST", "/_dev/events/drop", h.drop_event_streams, DEV),
@@ -122,7 +124,7 @@ ROUTES = [
 NO_AUTH = {h.create_org, auth.login, auth.refresh, auth.validate_token, auth.me, organizations.check_slug,
            organizations.generate_slug}
 # routes that also take `?token=` / `?api_key=` (a browser's EventSource or WebSocket cannot set a header)
-QUERY_TOKEN = {h.sse_events, websocket.connect}
+QUERY_TOKEN = {h.sse_events, h.sse_job, h.sse_queue, websocket.connect}
 
 
 def credentials(headers, query: dict | None) -> dict:

@@ -58,10 +58,28 @@ def read_token(store: Store, token: str, now: float) -> dict:
     return claims
 
 
+def _expires(store: Store, key_id: str, claims: dict) -> float | None:
+    """When a token stops being accepted: its `exp`, or its key's expiry when that comes first."""
+    times = [t for t in (claims.get("exp"),) if isinstance(t, int | float)]
+    rows = store._read("SELECT expires_at FROM api_keys WHERE id=?", (key_id,))
+    if rows and rows[0][0] is not None:
+        times.append(rows[0][0])
+    return min(times) if times else None
+
+
+def _why_not(store: Store, claims: dict, now: float) -> str | None:
+    """Why a decoded token's key no longer stands behind it, or None."""
+    state = keys_store.key_state(store, str(claims.get("api_key_id")), now)
+    return None if state is None else {"inactive": "API key has been revoked", "expired": "API key has expired",
+                                       "missing": "API key not found"}[state]
+
+
 def jwt_context(store: Store, token: str, now: float) -> KeyContext:
     """Who an access JWT on a REST route is, or the 401 the server's middleware answers."""
     hit = store.keys.get(token, time.monotonic())
     if isinstance(hit, KeyContext) and hit.via == "jwt":
+        if hit.expires_at is not None and hit.expires_at <= now:  # the token's (or its key's) time has come
+            raise unauthorized("Invalid token")
         return hit
     try:
         claims = tokens.decode(token, secret(store), now)
@@ -72,13 +90,11 @@ def jwt_context(store: Store, token: str, now: float) -> KeyContext:
     if _revoked(store, claims.get("jti")):
         raise unauthorized("Token has been revoked")
     key_id = str(claims.get("api_key_id"))
-    state = keys_store.key_state(store, key_id, now)
-    if state is not None:
-        raise unauthorized({"inactive": "API key has been revoked", "expired": "API key has expired",
-                            "missing": "API key not found"}[state])
-    queues = claims.get("queues")
-    ctx = KeyContext(str(claims.get("org_id")), key_id,
-                     tuple(q for q in queues if isinstance(q, str)) if isinstance(queues, list) else (), None, "jwt")
+    why = _why_not(store, claims, now)
+    if why is not None:
+        raise unauthorized(why)
+    ctx = KeyContext(str(claims.get("org_id")), key_id, keys_store.scope_of(claims.get("queues")),
+                     _expires(store, key_id, claims), "jwt")
     store.keys.put(token, ctx, time.monotonic())
     return ctx
 
@@ -128,9 +144,7 @@ def refresh(app, req):
     key_id = str(claims.get("api_key_id"))
     if keys_store.key_state(app.store, key_id, now) is not None:
         raise bad_credentials()
-    queues = claims.get("queues")
-    scope = tuple(q for q in queues if isinstance(q, str)) if isinstance(queues, list) else ()
-    ctx = KeyContext(str(claims.get("org_id")), key_id, scope)
+    ctx = KeyContext(str(claims.get("org_id")), key_id, keys_store.scope_of(claims.get("queues")))
     access = tokens.encode(_claims(ctx, "access", now, ACCESS_SECS), secret(app.store))
     return 200, {"access_token": access, "token_type": "Bearer", "expires_in": ACCESS_SECS}, None
 
@@ -145,27 +159,33 @@ def validate_token(app, req):
         return 200, {"valid": False, "error": "Invalid token"}, None
     if _revoked(app.store, claims.get("jti")):
         return 200, {"valid": False, "error": "Token has been revoked"}, None
+    why = _why_not(app.store, claims, time.time())
+    if why is not None:  # a token outlives no revoked or expired key
+        return 200, {"valid": False, "error": why}, None
     return 200, {"valid": True, "claims": claims}, None
 
 
 def me(app, req):
-    """The caller of an access JWT (an API key is not enough here), with its organization."""
+    """The caller of an access JWT (an API key or a refresh token is not enough here) whose key still
+    stands, with its organization."""
     auth = req.headers.get("authorization", "")
     if not auth.startswith("Bearer "):
         raise bad_credentials()
+    now = time.time()
     try:
-        claims = read_token(app.store, auth[7:].strip(), time.time())
+        claims = read_token(app.store, auth[7:].strip(), now)
     except tokens.InvalidToken:
         raise bad_credentials() from None
+    if claims.get("token_type") != "access" or _why_not(app.store, claims, now) is not None:
+        raise bad_credentials()
     org = str(claims.get("org_id"))
     rows = app.store._read("SELECT id, name, slug, plan_tier, billing_email FROM organizations WHERE id=?", (org,))
     organization = None
     if rows:
         oid, name, slug, plan, email = rows[0]
         organization = {"id": oid, "name": name, "slug": slug, "plan_tier": plan or "free", "billing_email": email}
-    queues = claims.get("queues")
     return 200, {"organization_id": org, "api_key_id": claims.get("api_key_id"),
-                 "queues": queues if isinstance(queues, list) else [], "issued_at": ts(claims.get("iat", 0)),
+                 "queues": list(keys_store.scope_of(claims.get("queues"))), "issued_at": ts(claims.get("iat", 0)),
                  "expires_at": ts(claims.get("exp", 0)), "organization": organization}, None
 
 

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import threading
+from typing import NoReturn
 
 from supervisor import cli
 
@@ -83,8 +84,20 @@ def _pos_int(text: str) -> int:
     return v
 
 
+class _Parser(argparse.ArgumentParser):
+    """Refuses an unknown flag naming only the flags: a value after one (`--api sk_...`) may be a key."""
+
+    def error(self, message: str) -> NoReturn:
+        head, sep, rest = message.partition("unrecognized arguments: ")
+        if sep:
+            flags = [a.split("=", 1)[0] for a in rest.split() if a.startswith("-")]
+            message = head + sep + (" ".join(flags) or "values") + " (values not shown)"
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("dev-server", description="Serve the Spooled REST API from SQLite, for development and tests.",
+    p = cli.parser("dev-server", cls=_Parser,
+                   description="Serve the Spooled REST API from SQLite, for development and tests.",
                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
     def add(flag, type_, default, help_, env=None, secret=False):
@@ -183,8 +196,9 @@ def _stop_event_on_signals() -> threading.Event:
 
 
 def key_source(given: str | None, environ=os.environ) -> str | None:
-    """Where the key given to the server came from (a variable holding that very key, else the flag, however
-    argparse let it be spelled: `--api-k`, `--api-key=`), or None when none was given: it made its own."""
+    """Where the key given to the server came from, or None: it made its own. Decided from the value, not
+    from argv, so no spelling of the flag can get a given key printed whole: a value one of the variables
+    holds is named by that variable, any other is the flag's."""
     if not given:
         return None
     for name in ("SPOOLED_DEV_API_KEY", "SPOOLED_API_KEY"):

@@ -19,6 +19,7 @@ import threading
 import time
 
 from .handlers import body
+from .keys_store import require_job, require_unrestricted
 from .validate import check_worker_id
 
 
@@ -57,6 +58,7 @@ def _lease_id(path: str, raw_body: bytes | None) -> str | None:
 
 
 def get_requests(app, req):
+    require_unrestricted(req, "read the organization's request log")  # it holds every queue's lease ids
     raw = (req.query.get("since") or ["0"])[0]
     try:
         since = float(raw)
@@ -66,11 +68,13 @@ def get_requests(app, req):
 
 
 def expire_lease(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     app.store.expire_lease(req.org, req.params["id"])
     return 200, {"success": True}, None
 
 
 def steal_lease(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     b = body(req, optional=True)
     worker = check_worker_id(b.str("worker_id", False, 1, 255) or "dev-thief")
     secs = b.int("lease_duration_secs", False, 5, 3600, default=app.cfg.lease_duration)

@@ -121,7 +121,7 @@ def quota_exceeded(resource: str, current: int, limit: int, plan: str) -> HttpEr
 
 
 def code_for(status: int) -> str:
-    """The contract's status-to-code fallback (section 2); a 4xx it does not list is BAD_REQUEST."""
+    """The real server's status-to-code fallback; a 4xx it does not list is BAD_REQUEST."""
     return STATUS_CODES.get(status) or ("BAD_REQUEST" if status < 500 else "INTERNAL_ERROR")
 
 
@@ -131,5 +131,5 @@ def http_error(status: int, message: str, headers: dict | None = None) -> HttpEr
 
 
 def body_too_large(limit: int) -> HttpError:
-    """400 INVALID_JSON for a body over --max-body-bytes (the contract's over-limit answer)."""
+    """400 INVALID_JSON for a body over --max-body-bytes (the real server's over-limit answer)."""
     return invalid_json(f"Request body exceeds the limit of {limit} bytes", "body_too_large")

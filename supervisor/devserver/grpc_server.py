@@ -1,6 +1,6 @@
 """Spooled's gRPC API (QueueService, WorkerService) served from the dev server's Store.
 
-Contract (GRPC.md): auth by `x-api-key` or `authorization: Bearer` metadata (UNAUTHENTICATED
+Contract (the real server's): auth by `x-api-key` or `authorization: Bearer` metadata (UNAUTHENTICATED
 otherwise); the per-organization rate limit answers RESOURCE_EXHAUSTED "Rate limit exceeded"; then
 the fault switches apply as on REST (delay; `fail_503` -> UNAVAILABLE before handling; `cut` ->
 handled, then UNAVAILABLE instead of the answer). Leases <= 0 mean 300 s, others are clamped to
@@ -28,7 +28,7 @@ from supervisor.proto import spooled_pb2 as pb
 from supervisor.proto import spooled_pb2_grpc as pb_grpc
 
 from .errors import HttpError
-from .keys_store import key_context
+from .keys_store import KeyContext, job_in_scope, key_context, worker_in_scope
 from .store import Store, dumps
 from .validate import check_hostname, check_queue_name, check_worker_id
 
@@ -145,9 +145,9 @@ class Backend:
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
         self.events = events  # the REST app's realtime.Broadcaster (the store announces what changes here too)
 
-    def authenticate(self, context) -> str:
-        """The organization of the call's API key (a JWT is not accepted on gRPC, as on the server);
-        checked again on every message of a stream, so a revoked or expired key stops it at once."""
+    def authenticate(self, context) -> KeyContext:
+        """Who the call's API key is (a JWT is not accepted on gRPC, as on the server); checked again on
+        every message of a stream, so a revoked or expired key stops it at once."""
         md = {k.lower(): v for k, v in context.invocation_metadata()}
         key = md.get("x-api-key")
         if key is None:
@@ -156,9 +156,25 @@ class Backend:
         if not key:
             raise GrpcError(SC.UNAUTHENTICATED, "Missing x-api-key or authorization header", "UNAUTHENTICATED")
         try:
-            return key_context(self.store, key, time.time()).org
+            return key_context(self.store, key, time.time())
         except HttpError as e:
             raise GrpcError(SC.UNAUTHENTICATED, e.body["message"], "UNAUTHENTICATED") from None
+
+    def check_scope(self, key: KeyContext, msg) -> None:
+        """A queue-scoped key stays in its queues, as on REST: another queue is PERMISSION_DENIED; a job or
+        worker of another queue is NOT_FOUND, as one that does not exist."""
+        if key.unrestricted:
+            return
+        queue = getattr(msg, "queue_name", "")
+        if queue and not key.can_access(queue):
+            raise GrpcError(SC.PERMISSION_DENIED, f"API key does not have permission for queue '{queue}'",
+                            "PERMISSION_DENIED")
+        job_id = getattr(msg, "job_id", "")
+        if job_id and not job_in_scope(self.store, key, key.org, job_id):
+            raise GrpcError(SC.NOT_FOUND, NOT_OWNED if hasattr(msg, "lease_id") else "Job not found", "NOT_FOUND")
+        worker_id = getattr(msg, "worker_id", "")
+        if worker_id and not job_id and not queue and not worker_in_scope(self.store, key, key.org, worker_id):
+            raise GrpcError(SC.NOT_FOUND, "Worker not found", "NOT_FOUND")
 
     def admit(self, org: str) -> bool:
         """Rate limit, then the delay and 503 faults; returns whether this answer is to be cut."""
@@ -273,8 +289,10 @@ def unary(body: Callable, job_route: bool = False) -> Callable:
 
     def method(self, request, context):
         try:
-            org = self.backend.authenticate(context)
+            key = self.backend.authenticate(context)
+            org = key.org
             cut = self.backend.admit(org)
+            self.backend.check_scope(key, request)
             answer = _run(lambda: body(self.backend, org, request), job_route)
             if cut:  # injected fault: the write happened, the client never sees the answer
                 raise GrpcError(SC.UNAVAILABLE, "Injected fault: connection cut after handling")
@@ -303,23 +321,28 @@ class QueueService(pb_grpc.QueueServiceServicer):
 
     def StreamJobs(self, request: pb.StreamJobsRequest, context) -> Iterator[pb.Job]:
         try:
-            org = self.backend.authenticate(context)
-            self.backend.admit(org)
+            key = self.backend.authenticate(context)
+            self.backend.admit(key.org)
             if not request.queue_name or not request.worker_id:
                 raise _invalid("queue_name and worker_id are required")
-            yield from JobStream(self.backend, org, request, context).run()
+            self.backend.check_scope(key, request)
+            yield from JobStream(self.backend, key.org, request, context).run()
         except GrpcError as e:
             context.abort(e.code, e.message)
 
     def ProcessJobs(self, request_iterator, context) -> Iterator[pb.ProcessResponse]:
         try:
-            org = self.backend.authenticate(context)
+            self.backend.authenticate(context)
         except GrpcError as e:
             context.abort(e.code, e.message)
         for msg in request_iterator:
             try:
-                org = self.backend.authenticate(context)
+                key = self.backend.authenticate(context)
+                org = key.org
                 cut = self.backend.admit(org)
+                which = msg.WhichOneof("request")
+                if which is not None:
+                    self.backend.check_scope(key, getattr(msg, which))
             except GrpcError as e:
                 if e.code == SC.UNAVAILABLE:  # the injected 503 ends the stream, as a proxy would
                     context.abort(e.code, e.message)

@@ -10,11 +10,19 @@ from typing import Any
 
 from supervisor import exactjson
 
-from .errors import HttpError, invalid_json, invalid_type, validation
-from .keys_store import require_queue
-from .realtime import EventStream
+from .errors import HttpError, invalid_json, invalid_type, not_found, validation
+from .keys_store import (
+    require_job,
+    require_queue,
+    require_unrestricted,
+    scope,
+    visible_workers,
+    worker_in_scope,
+)
+from .realtime import _NOTHING, EventStream, JobStream, QueueStream
 from .store import dumps
-from .validate import Body, check_hostname, check_queue_name, check_worker_id
+from .validate import I64, Body, check_hostname, check_queue_name, check_url, check_worker_id
+from .validate import query_int as parse_query_int
 
 WORKER_STATUSES = ("healthy", "degraded", "draining", "offline")
 JOB_STATUSES = ("pending", "scheduled", "processing", "completed", "failed", "deadletter", "cancelled")
@@ -58,18 +66,31 @@ def _json_text(field: str, value, limit: int) -> str:
 
 
 def _lease_id(b: Body) -> str:
-    # Seed override: complete / fail / job heartbeat without lease_id -> 422 missing field.
+    # As newer servers answer it: complete / fail / job heartbeat without lease_id -> 422 missing field.
     return b.str("lease_id", required=True, max_len=255)
 
 
-def _q_int(req, name, default, lo, hi):
+U32 = (0, 2**32 - 1)  # with I64, the server's integer types for query parameters it parses, then clamps
+
+
+def query_int(req, name: str, default: int, lo: int, hi: int, parsed_as: tuple[int, int] | None = None) -> int:
+    """The integer query parameter `name` (`default` when absent or empty), in lo..hi.
+
+    Without `parsed_as`, junk is 422-style VALIDATION_ERROR and a value outside lo..hi is refused. With it
+    (the server's integer type, I64 or U32), junk or a value that type cannot hold is the server's 400
+    "Failed to deserialize query string", and any other value is clamped into lo..hi. Either way the result
+    fits SQLite."""
     raw = req.query.get(name, [None])[-1]
     if raw is None or raw == "":
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise validation(name, "must be an integer", "invalid_type") from None
+    v = parse_query_int(raw, *(parsed_as or I64))
+    if parsed_as is not None:
+        if v is None:
+            raise HttpError(400, "BAD_REQUEST",
+                            f"Failed to deserialize query string: {name}: invalid digit found in string")
+        return min(max(v, lo), hi)
+    if v is None:
+        raise validation(name, "must be an integer", "invalid_type")
     if v < lo or v > hi:
         raise validation(name, f"must be between {lo} and {hi}", "range")
     return v
@@ -86,7 +107,7 @@ def create_org(app, req):
     name = b.str("name", True, 3, 100)
     slug = b.str("slug", True, 3, 50)
     email = b.str("billing_email", False, 3, 255)
-    if not all(c.isdigit() or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
+    if not all("0" <= c <= "9" or ("a" <= c <= "z") or c == "-" for c in slug) or slug[0] == "-" or slug[-1] == "-":
         raise validation("slug", "must be lowercase letters, digits and hyphens, not starting or ending with '-'",
                          "invalid_slug")
     return 201, app.store.create_org(name, slug, email), None
@@ -118,6 +139,7 @@ def get_stats(app, req):
 
 
 def set_faults(app, req):
+    require_unrestricted(req, "set the organization's faults")  # they hit every queue
     data = parse_json(req)
     if not isinstance(data, dict):
         raise validation("body", "must be a JSON object", "invalid_type")
@@ -147,7 +169,17 @@ def register_worker(app, req):
                  "heartbeat_interval_secs": app.cfg.heartbeat_interval}, None
 
 
+def _require_worker(app, req) -> str:
+    """The `{id}` worker, 404 "Worker not found" when a queue-scoped key may not see it (a queue of the
+    worker lies outside the key's)."""
+    wid = req.params["id"]
+    if not worker_in_scope(app.store, req.key, req.org, wid):
+        raise not_found("Worker not found")
+    return wid
+
+
 def worker_heartbeat(app, req):
+    _require_worker(app, req)
     b = body(req)
     current = b.int("current_jobs", True, 0, 1000)
     status = b.str("status", False, 1, 20, default="healthy")
@@ -160,15 +192,20 @@ def worker_heartbeat(app, req):
 
 
 def deregister_worker(app, req):
+    _require_worker(app, req)
     app.store.deregister_worker(req.org, req.params["id"])
     return 204, None, None
 
 
 def list_workers(app, req):
-    return 200, app.store.list_workers(req.org), None
+    """The organization's workers; a queue-scoped key sees those whose queues all lie in its scope."""
+    workers = app.store.list_workers(req.org)
+    visible = visible_workers(app.store, req.key, req.org)
+    return 200, workers if visible is None else [w for w in workers if w["id"] in visible], None
 
 
 def get_worker(app, req):
+    _require_worker(app, req)
     return 200, app.store.get_worker(req.org, req.params["id"]), None
 
 
@@ -185,7 +222,8 @@ def _job_fields(app, b: Body, queue: str, defaults: dict | None = None) -> dict:
     j["expires_at"] = b.time("expires_at")
     j["idempotency_key"] = b.str("idempotency_key", False, 1, 255)
     j["parent_job_id"] = b.str("parent_job_id", False, 1, 255)
-    j["completion_webhook"] = b.str("completion_webhook", False, 1, 2048)
+    hook = b.str("completion_webhook", False, 1, 2048)
+    j["completion_webhook"] = None if hook is None else check_url(hook, "completion_webhook")
     j["completion_webhook_secret"] = b.str("completion_webhook_secret", False, 0, 255)
     present, tags = b.any("tags")
     j["tags"] = _json_text("tags", tags, SIXTY_FOUR_K) if present and tags is not None else None
@@ -235,15 +273,62 @@ def event_filter(app, req) -> tuple[str | None, set[str] | None, str | None]:
     return queue, wanted, job_id
 
 
+def open_subscriber(app, req, queue: str | None, wanted: set[str] | None, job_id: str | None, raw: bool,
+                    cap: int = MAX_STREAMS_PER_ORG):
+    """A new subscriber for the caller, kept to a queue-scoped key's queues and ended with its key (revoked or
+    expired); None when the organization already has `cap` of this kind open."""
+    key = req.key
+    return app.events.subscribe_capped(req.org, queue, wanted, job_id, raw, cap,
+                                       key_id=getattr(key, "key_id", None), scope=scope(key),
+                                       expires_at=getattr(key, "expires_at", None))
+
+
 def sse_events(app, req):
     """GET /api/v1/events: the organization's realtime events as server-sent events (supervisor.devserver.realtime);
     at most MAX_STREAMS_PER_ORG open at once per organization (429), as the real server caps them."""
     queue, wanted, job_id = event_filter(app, req)
-    if app.events.count_for(req.org, raw=False) >= MAX_STREAMS_PER_ORG:
+    sub = open_subscriber(app, req, queue, wanted, job_id, raw=False)
+    if sub is None:
         raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many SSE connections")
-    sub = app.events.subscribe(req.org, queue, wanted, job_id)
-    sub.key_id = getattr(req.key, "key_id", None)
     return 200, EventStream(app.events, sub), None
+
+
+def _stream(app, req, queue: str | None, names, job_id: str | None):
+    """A counted subscriber for one more of the caller's event streams (see `open_subscriber`); 404 with
+    `--events off`, 503 while refusing, 429 past MAX_STREAMS_PER_ORG."""
+    if not app.cfg.events:
+        raise HttpError(404, "NOT_FOUND", "No route matches this path")
+    if app.events.refusing(req.org):
+        raise HttpError(503, "SERVICE_UNAVAILABLE", "Event streams are refused for now", headers={"Retry-After": "1"})
+    sub = open_subscriber(app, req, queue, names, job_id, raw=False)
+    if sub is None:
+        raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many SSE connections")
+    return sub
+
+
+def sse_job(app, req):
+    """GET /api/v1/events/jobs/{id}: one job's status changes until it ends (realtime.JobStream). Another
+    organization's job, one outside a scoped key's queues, or none, is an `error` event in the stream, as on
+    the server."""
+    job_id = req.params["id"]
+    sub = _stream(app, req, None, None, job_id)
+    allowed = scope(req.key)
+
+    def status():
+        found = app.store.job_status(req.org, job_id)
+        return found if found is None or allowed is None or found[1] in allowed else None
+
+    return 200, JobStream(app.events, sub, status), None
+
+
+def sse_queue(app, req):
+    """GET /api/v1/events/queues/{name}: the queue's job counts every 5 s (realtime.QueueStream); a name that
+    is no valid queue name is 400, a queue the key may not read 403."""
+    name = req.params["name"]
+    check_queue_name(name, "name")
+    require_queue(req, name)
+    sub = _stream(app, req, None, _NOTHING, None)
+    return 200, QueueStream(app.events, sub, name, lambda: app.store.queue_counts(req.org, name)), None
 
 
 def event_streams(app, req):
@@ -256,6 +341,7 @@ def drop_event_streams(app, req):
     """POST /_dev/events/drop, body optional {"refuse_secs": s}: end the caller's organization's open event
     streams (clients see their connection close), and answer its new ones 503 for `refuse_secs` seconds
     (default 0). Other organizations' streams are untouched."""
+    require_unrestricted(req, "drop the organization's event streams")
     b = body(req, optional=True)
     refuse = b.int("refuse_secs", False, 0, 3600, default=0)
     return 200, {"dropped": app.events.drop_all(req.org, refuse or 0)}, None
@@ -272,6 +358,7 @@ def claim(app, req):
 
 
 def complete(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     lease_id = _lease_id(b)
@@ -282,6 +369,7 @@ def complete(app, req):
 
 
 def fail(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     error = b.str("error", True, 1, 2048)
@@ -291,6 +379,7 @@ def fail(app, req):
 
 
 def job_heartbeat(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"], "Job not found or not owned by worker")
     b = body(req)
     worker = b.str("worker_id", True, 1, 255)
     lease_id = _lease_id(b)
@@ -300,15 +389,18 @@ def job_heartbeat(app, req):
 
 
 def get_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     return 200, app.store.get_job(req.org, req.params["id"]), None
 
 
 def cancel_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     app.store.cancel(req.org, req.params["id"])
     return 204, None, None
 
 
 def retry_job(app, req):
+    require_job(app.store, req.key, req.org, req.params["id"])
     return 200, app.store.retry_job(req.org, req.params["id"]), None
 
 
@@ -334,9 +426,10 @@ def _tag(req) -> str | None:
 def list_jobs(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
     require_queue(req, queue)
-    limit = _q_int(req, "limit", 50, 1, 100)
-    offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset)
+    limit = query_int(req, "limit", 50, 1, 100)
+    offset = query_int(req, "offset", 0, 0, 10**9)
+    items, more = app.store.list_jobs(req.org, queue, _statuses(req), _tag(req), limit, offset,
+                                      scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}
 
 
@@ -345,24 +438,36 @@ def job_status(app, req):
     ids = [i.strip() for i in raw.split(",") if i.strip()]
     if len(ids) > 100:
         raise validation("ids", "at most 100 ids per request", "too_many")
-    return 200, app.store.status_by_ids(req.org, ids), None
+    allowed = scope(req.key)
+    rows = app.store.status_by_ids(req.org, ids)
+    return 200, rows if allowed is None else [r for r in rows if r["queue_name"] in allowed], None
 
 
 def job_stats(app, req):
-    return 200, app.store.stats(req.org), None
+    return 200, app.store.stats(req.org, scope(req.key)), None
 
 
 def dlq_list(app, req):
     queue = _q_str(req, "queue_name") or _q_str(req, "queue")
-    limit = _q_int(req, "limit", 50, 1, 100)
-    offset = _q_int(req, "offset", 0, 0, 10**9)
-    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset)
+    require_queue(req, queue)
+    limit = query_int(req, "limit", 50, 1, 100)
+    offset = query_int(req, "offset", 0, 0, 10**9)
+    items, more = app.store.list_jobs(req.org, queue, ["deadletter"], _tag(req), limit, offset,
+                                      scope=scope(req.key))
     return 200, items, {"X-Has-More": "true" if more else "false"}
+
+
+def _dlq_queue(req, queue: str | None, verb: str) -> str | None:
+    """The dead-letter queue a retry or purge acts on: a queue-scoped key must name one of its queues."""
+    if queue is None:
+        require_unrestricted(req, f"{verb} every queue's dead letters; name a queue")
+    require_queue(req, queue)
+    return queue
 
 
 def dlq_retry(app, req):
     b = body(req, optional=True)
-    queue = b.str("queue_name", False, 1, 100)
+    queue = _dlq_queue(req, b.str("queue_name", False, 1, 100), "retry")
     ids = b.list("job_ids", False, 100)
     if ids is not None and not all(isinstance(i, str) for i in ids):
         raise HttpError(422, "VALIDATION_ERROR", "Field `job_ids` has an invalid type: expected an array of strings",
@@ -376,7 +481,7 @@ def dlq_purge(app, req):
     b = body(req, optional=True)
     if b.bool("confirm", False, False) is not True:
         raise validation("confirm", "must be true to purge the dead-letter queue", "confirm_required")
-    queue = b.str("queue_name", False, 1, 100)
+    queue = _dlq_queue(req, b.str("queue_name", False, 1, 100), "purge")
     older = b.time("older_than")
     limit = b.int("limit", False, 1, 10000, default=10000)
     return 200, {"purged_count": app.store.dlq_purge(req.org, queue, older, limit)}, None
@@ -384,7 +489,9 @@ def dlq_purge(app, req):
 
 # ---------- queues ----------
 def list_queues(app, req):
-    return 200, app.store.list_queues(req.org), None
+    allowed = scope(req.key)
+    queues = app.store.list_queues(req.org)
+    return 200, queues if allowed is None else [q for q in queues if q["queue_name"] in allowed], None
 
 
 def _queue_name_param(name: str) -> str:

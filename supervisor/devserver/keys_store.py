@@ -48,6 +48,54 @@ def require_queue(req, queue: str | None) -> None:
         raise HttpError(403, "ACCESS_DENIED", f"API key does not have permission for queue '{queue}'")
 
 
+def scope(key) -> frozenset[str] | None:
+    """The queues a caller may touch, or None for every queue (an unrestricted key, or no key at all)."""
+    if isinstance(key, KeyContext) and not key.unrestricted:
+        return frozenset(key.queues)
+    return None
+
+
+def job_in_scope(store: Store, key, org: str, job_id: str) -> bool:
+    """Whether a queue-scoped key may see this job (a job it cannot see is answered as one that does not
+    exist); True for an unknown job, which the route's own lookup answers."""
+    allowed = scope(key)
+    if allowed is None:
+        return True
+    rows = store._read("SELECT queue_name FROM jobs WHERE id=? AND organization_id=?", (job_id, org))
+    return not rows or rows[0][0] in allowed
+
+
+def require_job(store: Store, key, org: str, job_id: str, message: str = "Job not found") -> None:
+    """404 `message` for a job outside a queue-scoped key's queues, as the server hides it."""
+    if not job_in_scope(store, key, org, job_id):
+        raise not_found(message)
+
+
+def worker_queues(row_queue: str, queue_names: str | None) -> tuple[str, ...]:
+    """All the queues a worker row serves: its `queue_name` and the `queue_names` list."""
+    return tuple({row_queue, *scope_of(queue_names)})
+
+
+def worker_in_scope(store: Store, key, org: str, worker_id: str) -> bool:
+    """Whether a queue-scoped key may see this worker: all of its queues lie in the key's (True for an
+    unknown worker, which the route's own lookup answers)."""
+    allowed = scope(key)
+    if allowed is None:
+        return True
+    rows = store._read("SELECT queue_name, queue_names FROM workers WHERE id=? AND organization_id=?",
+                       (worker_id, org))
+    return not rows or set(worker_queues(*rows[0])) <= allowed
+
+
+def visible_workers(store: Store, key, org: str) -> set[str] | None:
+    """The ids of the organization's workers a queue-scoped key may see; None for an unrestricted key."""
+    allowed = scope(key)
+    if allowed is None:
+        return None
+    rows = store._read("SELECT id, queue_name, queue_names FROM workers WHERE organization_id=?", (org,))
+    return {wid for wid, q, names in rows if set(worker_queues(q, names)) <= allowed}
+
+
 def require_unrestricted(req, capability: str) -> None:
     """403 for a queue-scoped key: organization settings, keys and webhooks need an unrestricted one."""
     key = req.key
@@ -59,13 +107,14 @@ def unauthorized(message: str) -> HttpError:
     return HttpError(401, "UNAUTHORIZED", message)
 
 
-def _queues(text: str | None) -> tuple[str, ...]:
-    if not text:
-        return ()
-    try:
-        value = exactjson.loads(text)
-    except ValueError:
-        return ()
+def scope_of(value) -> tuple[str, ...]:
+    """The queues of a key's `queues` column (JSON text) or a token's `queues` claim (a list): its strings,
+    in order; () (every queue) for anything else."""
+    if isinstance(value, str):
+        try:
+            value = exactjson.loads(value) if value else None
+        except ValueError:
+            return ()
     return tuple(q for q in value if isinstance(q, str)) if isinstance(value, list) else ()
 
 
@@ -83,7 +132,7 @@ def key_context(store: Store, key: str, now: float) -> KeyContext:
         key_id, org, queues, active, expires = rows[0]
         if not active:
             raise unauthorized("API key is inactive")
-        ctx = KeyContext(org, key_id, _queues(queues), expires)
+        ctx = KeyContext(org, key_id, scope_of(queues), expires)
         cache.put(key, ctx, mono)
     if ctx.expires_at is not None and ctx.expires_at <= now:
         raise unauthorized("API key has expired")
@@ -96,7 +145,7 @@ def new_key() -> str:
 
 def _summary(row) -> dict:
     kid, _org, name, queues, rate, active, created, expires, used = row
-    return {"id": kid, "name": name, "queues": list(_queues(queues)), "rate_limit": rate,
+    return {"id": kid, "name": name, "queues": list(scope_of(queues)), "rate_limit": rate,
             "is_active": bool(active), "created_at": ts(created), "last_used": ts(used), "expires_at": ts(expires)}
 
 

@@ -104,7 +104,7 @@ def clear_webhook_token(app, req):
 def _slug_problem(slug: str) -> str | None:
     if not slug or len(slug) > 100:
         return "Slug must be 1-100 characters"
-    if not all(c.isdigit() or "a" <= c <= "z" or c == "-" for c in slug):
+    if not all("0" <= c <= "9" or "a" <= c <= "z" or c == "-" for c in slug):
         return "Slug can only contain lowercase letters, digits, and hyphens"
     if slug[0] == "-" or slug[-1] == "-":
         return "Slug cannot start or end with a hyphen"
@@ -133,7 +133,7 @@ def generate_slug(app, req):
         raise validation("name", "Name must be 1-200 characters", "length")
     slug = "-".join(p for p in "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower()).split("-")
                     if p)
-    if slug[:1].isdigit():
+    if "0" <= slug[:1] <= "9":
         slug = "org-" + slug
     if len(slug) > 80:
         slug = slug[:80].rstrip("-")

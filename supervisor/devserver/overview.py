@@ -10,7 +10,7 @@ import supervisor
 from . import overview_store
 from .errors import HttpError
 from .handlers import body
-from .keys_store import KeyContext
+from .keys_store import KeyContext, require_unrestricted
 from .store import ts
 
 STARTED = time.time()
@@ -18,6 +18,7 @@ _MONO = time.monotonic()
 
 
 def dashboard(app, req):
+    require_unrestricted(req, "read the organization's dashboard")  # it counts every queue's jobs and workers
     ok = app.store.ping()
     answer = overview_store.dashboard(app.store, req.org, time.time())
     answer["system"] = {"version": supervisor.__version__, "uptime_seconds": int(time.monotonic() - _MONO),

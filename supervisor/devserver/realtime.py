@@ -13,7 +13,8 @@ Contract:
   `?events=a,b` keeps only those names (`*` keeps all). The stream opens with a `:connected` comment.
   Every HEALTH_EVERY seconds it sends `system.health` if the filter keeps it, else a `:keepalive`
   comment, so a silent connection is a dead one.
-- A stream ends after MAX_STREAM seconds, when the client goes, when the server stops, or on `drop_all`
+- A stream ends after MAX_STREAM seconds, when its key is revoked (`drop_key`) or expires, when the
+  client goes, when the server stops, or on `drop_all`
   (the dev route `POST /_dev/events/drop`, for tests of reconnecting, which may also refuse new streams
   with 503 for a while): one organization's streams, never another's.
 - A subscriber that falls BUFFER events behind loses the newest ones, as the real broadcast channel
@@ -44,15 +45,25 @@ Fragment = orjson.Fragment
 
 class Subscriber:
     """One open stream's (or WebSocket's) filter and its buffer of events: encoded SSE frames, or with
-    `raw` the (name, variant, data) triples. `wake`, if set, is called after each item is buffered."""
+    `raw` the (name, variant, data) triples. `wake`, if set, is called after each item is buffered.
+
+    `scope` (a queue-scoped key's queues) bounds what the filter can ever see: only events of those queues,
+    whatever `queue_name` the client narrows or widens to. `key_id` is the key the stream was opened with
+    (its revocation ends the stream), `expires_at` (epoch seconds) when that key or token expires (the
+    stream ends then)."""
 
     def __init__(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None = None,
-                 raw: bool = False, wake: Callable[[], None] | None = None):
+                 raw: bool = False, wake: Callable[[], None] | None = None, key_id: str | None = None,
+                 scope: frozenset[str] | None = None, expires_at: float | None = None):
         self.org, self.queue_name, self.names, self.job_id = org, queue_name, names, job_id
         self.raw, self.wake = raw, wake
         self.buffer: queue.Queue = queue.Queue(maxsize=BUFFER)
         self.dropped = 0
-        self.key_id: str | None = None  # the API key the stream was opened with (its revocation ends it)
+        self.key_id, self.scope, self.expires_at = key_id, scope, expires_at
+
+    def expired(self, now: float) -> bool:
+        """Whether the stream's key (or token) has expired at wall-clock `now`."""
+        return self.expires_at is not None and now >= self.expires_at
 
     def wants_name(self, name: str) -> bool:
         return self.names is None or name in self.names or "*" in self.names
@@ -61,6 +72,8 @@ class Subscriber:
         if org != self.org or not self.wants_name(name):
             return False
         if self.queue_name is not None and queue_name != self.queue_name:
+            return False
+        if self.scope is not None and queue_name not in self.scope:
             return False
         return self.job_id is None or job_id == self.job_id
 
@@ -88,6 +101,18 @@ class Broadcaster:
                   raw: bool = False, wake: Callable[[], None] | None = None) -> Subscriber:
         sub = Subscriber(org, queue_name, names, job_id, raw, wake)
         with self._lock:
+            self._subs.add(sub)
+        return sub
+
+    def subscribe_capped(self, org: str, queue_name: str | None, names: set[str] | None, job_id: str | None,
+                         raw: bool, cap: int, key_id: str | None = None, scope: frozenset[str] | None = None,
+                         expires_at: float | None = None) -> Subscriber | None:
+        """A new subscriber, unless the organization already has `cap` of this kind (`raw`: WebSockets, else
+        event streams) open: counted and added under one lock, so parallel opens cannot pass the cap."""
+        sub = Subscriber(org, queue_name, names, job_id, raw, key_id=key_id, scope=scope, expires_at=expires_at)
+        with self._lock:
+            if sum(1 for s in self._subs if s.org == org and s.raw == raw) >= cap:
+                return None
             self._subs.add(sub)
         return sub
 
@@ -227,7 +252,7 @@ class EventStream(Streamed):
                 return
             while not gone():
                 now = time.monotonic()
-                if now - started >= self.max_stream:
+                if now - started >= self.max_stream or self.sub.expired(time.time()):
                     return
                 if now >= next_health:
                     next_health = now + self.health_every
@@ -254,5 +279,94 @@ class EventStream(Streamed):
                     frames.append(more)
                 if not send(chunk(b"".join(frames))):
                     return
+        finally:
+            self.broadcaster.unsubscribe(self.sub)
+
+
+TERMINAL = frozenset(("completed", "failed", "deadletter", "cancelled"))
+JOB_POLL = 2.0  # seconds between reads of a watched job's status with no event for it (the server's poll)
+QUEUE_EVERY = 5.0  # seconds between a queue stream's stats (the server's poll)
+_NOTHING = frozenset(("",))  # an event filter no event passes: the subscriber is only counted and droppable
+
+
+class JobStream(Streamed):
+    """`GET /api/v1/events/jobs/{id}`, as the real server answers it: a `job.status` event (JobStatusChange,
+    `old_status` "" the first time) whenever the job's status differs from the last one sent, a `:keepalive`
+    comment on a read that finds no change, and the end of the stream after a terminal status (completed,
+    failed, deadletter, cancelled). A job the organization does not have gets one `error` event ("Job not
+    found") and the end. Where the server polls every 2 s, the dev server reads the status at once, on every
+    event of the job, and every JOB_POLL seconds."""
+
+    def __init__(self, broadcaster: Broadcaster, sub: Subscriber, status: Callable[[], tuple[str, str] | None],
+                 poll: float = JOB_POLL, max_stream: float = MAX_STREAM):
+        self.broadcaster, self.sub, self.status = broadcaster, sub, status
+        self.poll, self.max_stream = poll, max_stream
+
+    def pump(self, send: Callable[[bytes], bool], gone: Callable[[], bool]) -> None:
+        started, last = time.monotonic(), None
+        try:
+            while not gone() and time.monotonic() - started < self.max_stream:
+                found = self.status()
+                if found is None:
+                    send(chunk(encode("error", "Error", {"message": "Job not found", "timestamp": ts(time.time())})))
+                    return
+                status, queue_name = found
+                if status != last:
+                    frame = encode("job.status", "JobStatusChange", {
+                        "job_id": self.sub.job_id, "queue_name": queue_name, "old_status": last or "",
+                        "new_status": status, "timestamp": ts(time.time())})
+                    if not send(chunk(frame)) or status in TERMINAL:
+                        return
+                    last = status
+                elif not send(chunk(b":keepalive\n\n")):
+                    return
+                if self._wait(started) is _END:
+                    return
+        finally:
+            self.broadcaster.unsubscribe(self.sub)
+
+    def _wait(self, started: float):
+        """Until an event of the job arrives (all waiting ones taken), JOB_POLL passes or the stream is dropped."""
+        deadline = min(time.monotonic() + self.poll, started + self.max_stream)
+        while True:
+            try:
+                item = self.sub.buffer.get(timeout=max(0.0, min(TICK, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            while item is not _END:
+                try:
+                    item = self.sub.buffer.get_nowait()
+                except queue.Empty:
+                    return None
+            return _END
+
+
+class QueueStream(Streamed):
+    """`GET /api/v1/events/queues/{name}`, as the real server answers it: a `queue.stats` event (QueueStats:
+    `queue_name`, `pending` with scheduled jobs, `processing`, `completed`, `failed` with dead-lettered ones,
+    `timestamp`) every QUEUE_EVERY seconds, the first at once (the server waits 5 s for its first)."""
+
+    def __init__(self, broadcaster: Broadcaster, sub: Subscriber, queue_name: str,
+                 counts: Callable[[], dict[str, int]], every: float = QUEUE_EVERY, max_stream: float = MAX_STREAM):
+        self.broadcaster, self.sub, self.queue_name, self.counts = broadcaster, sub, queue_name, counts
+        self.every, self.max_stream = every, max_stream
+
+    def pump(self, send: Callable[[bytes], bool], gone: Callable[[], bool]) -> None:
+        started = time.monotonic()
+        try:
+            while not gone() and time.monotonic() - started < self.max_stream:
+                stats = {"queue_name": self.queue_name, **self.counts(), "timestamp": ts(time.time())}
+                if not send(chunk(encode("queue.stats", "QueueStats", stats))):
+                    return
+                next_at = time.monotonic() + self.every
+                while (left := next_at - time.monotonic()) > 0:
+                    try:
+                        if self.sub.buffer.get(timeout=min(TICK, left)) is _END:
+                            return
+                    except queue.Empty:
+                        if gone():
+                            return
         finally:
             self.broadcaster.unsubscribe(self.sub)

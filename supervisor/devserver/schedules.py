@@ -8,9 +8,10 @@ import time
 
 from . import cron, schedules_store
 from .errors import HttpError, validation
-from .handlers import _json_text, body
-from .keys_store import require_queue
+from .handlers import U32, _json_text, body, query_int
+from .keys_store import require_queue, scope
 from .store import ts
+from .validate import check_queue_name
 
 ONE_MIB = 1024 * 1024
 
@@ -46,33 +47,44 @@ def _fields(b, creating: bool) -> dict:
 
 
 def _limit(req, default: int) -> int:
-    raw = req.query.get("limit", [None])[-1]
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or len(raw) > 10 or int(raw) > 2**32 - 1:
-        raise HttpError(400, "BAD_REQUEST", "Failed to deserialize query string: limit: invalid digit found in string")
-    return min(int(raw), 500)
+    return query_int(req, "limit", default, 0, 500, U32)
 
 
 def create(app, req):
     b = body(req)
     f = _fields(b, True)
-    f["queue_name"] = b.str("queue_name", True, 1, 255)
+    f["queue_name"] = check_queue_name(b.str("queue_name", True, 0, 10**6))  # one a claim accepts
     require_queue(req, f["queue_name"])
     now = time.time()
     _, next_run = _cron(f["cron_expression"], now)
     return 201, schedules_store.create(app.store, req.org, f, next_run, now), None
 
 
+def _schedule_id(app, req) -> str:
+    """The `{id}` schedule; 404 "Schedule not found" for a queue-scoped key when it fires into another queue."""
+    sid = req.params["id"]
+    allowed = scope(req.key)
+    if allowed is not None:
+        rows = app.store._read("SELECT queue_name FROM schedules WHERE id=? AND organization_id=?", (sid, req.org))
+        if rows and rows[0][0] not in allowed:
+            raise schedules_store.not_found()
+    return sid
+
+
 def list_schedules(app, req):
-    return 200, schedules_store.list_schedules(app.store, req.org, _limit(req, 100)), None
+    allowed = scope(req.key)
+    items = schedules_store.list_schedules(app.store, req.org, _limit(req, 100) if allowed is None else 10**6)
+    if allowed is not None:
+        items = [s for s in items if s["queue_name"] in allowed][:_limit(req, 100)]
+    return 200, items, None
 
 
 def get(app, req):
-    return 200, schedules_store.get(app.store, req.org, req.params["id"]), None
+    return 200, schedules_store.get(app.store, req.org, _schedule_id(app, req)), None
 
 
 def update(app, req):
+    sid = _schedule_id(app, req)
     b = body(req)
     f = _fields(b, False)
     f["is_active"] = b.bool("is_active")
@@ -80,27 +92,27 @@ def update(app, req):
         f["is_active"] = int(f["is_active"])
     given, next_run = _cron(f["cron_expression"], time.time())
     f["next_run_at"] = next_run if given else None  # a new expression that never fires keeps the old next run
-    return 200, schedules_store.update(app.store, req.org, req.params["id"], f, time.time()), None
+    return 200, schedules_store.update(app.store, req.org, sid, f, time.time()), None
 
 
 def delete(app, req):
-    schedules_store.delete(app.store, req.org, req.params["id"])
+    schedules_store.delete(app.store, req.org, _schedule_id(app, req))
     return 204, None, None
 
 
 def pause(app, req):
-    return 200, schedules_store.set_active(app.store, req.org, req.params["id"], False, time.time()), None
+    return 200, schedules_store.set_active(app.store, req.org, _schedule_id(app, req), False, time.time()), None
 
 
 def resume(app, req):
-    return 200, schedules_store.set_active(app.store, req.org, req.params["id"], True, time.time()), None
+    return 200, schedules_store.set_active(app.store, req.org, _schedule_id(app, req), True, time.time()), None
 
 
 def trigger(app, req):
     now = time.time()
-    jid, _, _ = schedules_store.trigger(app.store, req.org, req.params["id"], now)
+    jid, _, _ = schedules_store.trigger(app.store, req.org, _schedule_id(app, req), now)
     return 200, {"job_id": jid, "triggered_at": ts(now)}, None
 
 
 def history(app, req):
-    return 200, schedules_store.history(app.store, req.org, req.params["id"], _limit(req, 50)), None
+    return 200, schedules_store.history(app.store, req.org, _schedule_id(app, req), _limit(req, 50)), None

@@ -164,20 +164,32 @@ def next_due(store: Store) -> float | None:
     return rows[0][0] if rows else None
 
 
+def _next_run(expression: str, now: float) -> float | None:
+    try:
+        return cron.next_after(cron.parse(expression), now)
+    except cron.CronError:
+        return None
+
+
 def fire_due(store: Store, now: float, limit: int = 100) -> list[tuple[str, str, str, int]]:
     """Fire every due schedule once (see the module's contract); the jobs made, as (org, job id, queue,
-    priority). A schedule whose expression no longer parses gets no next fire."""
+    priority). A schedule whose expression no longer parses gets no next fire. The next runs are worked out
+    before the write transaction (a rare expression's walk can take a while, and claims wait on the lock);
+    a schedule paused, deleted or fired meanwhile is skipped."""
+    due = store._read("SELECT id, cron_expression FROM schedules WHERE is_active AND next_run_at IS NOT NULL AND "
+                      "next_run_at<=? ORDER BY next_run_at LIMIT ?", (now, limit))
+    planned = {sid: (expression, _next_run(expression, now)) for sid, expression in due}
     made = []
     fired = []
     with store._tx() as db:
-        due = db.execute(f"SELECT id, organization_id, cron_expression, {_JOB_COLS} FROM schedules WHERE is_active AND "
-                         "next_run_at IS NOT NULL AND next_run_at<=? ORDER BY next_run_at LIMIT ?",
-                         (now, limit)).fetchall()
-        for sid, org, expression, *job in due:
-            try:
-                next_run = cron.next_after(cron.parse(expression), now)
-            except cron.CronError:
-                next_run = None
+        for sid, (planned_expression, next_run) in planned.items():
+            row = db.execute(f"SELECT organization_id, cron_expression, {_JOB_COLS} FROM schedules WHERE id=? AND "
+                             "is_active AND next_run_at IS NOT NULL AND next_run_at<=?", (sid, now)).fetchone()
+            if row is None:
+                continue
+            org, expression, *job = row
+            if expression != planned_expression:  # changed in between: rare, worked out here
+                next_run = _next_run(expression, now)
             jid = _job_from(store, db, org, job, now)
             db.execute("INSERT INTO schedule_runs VALUES (?,?,?,'completed',NULL,?,?)",
                        (str(uuid.uuid4()), sid, jid, now, now))

@@ -7,7 +7,7 @@ serialised by SQLite itself (busy_timeout waits). WAL + synchronous=NORMAL: a
 killed process loses no committed transaction. Times are stored as epoch
 seconds (REAL) and rendered as RFC 3339 UTC with `Z`. JSON values (payload,
 result, tags, metadata, settings) are stored as JSON text and sent back verbatim
-as orjson fragments. Methods raise errors.HttpError for contract outcomes.
+as orjson fragments. Methods raise errors.HttpError for the real server's error outcomes.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from supervisor import exactjson
 from . import dependencies
 from .errors import HttpError, conflict, lease_expired, not_found, quota_exceeded, validation
 from .history import HISTORY_SCHEMA
-
-SCHEMA_VERSION = 1  # PRAGMA user_version this code writes; a database with a higher one is refused
 
 Fragment = orjson.Fragment
 DEFAULT_MAX_RETRIES = 3
@@ -120,9 +118,10 @@ def _repair_settings(db) -> None:
                "json_type(settings) != 'object'")
 
 
-# (schema version, step): each step brings a database of the version before up to its own; a database made
-# before versions were kept (no `schema_version` in meta) is version 0. New tables need no step (SCHEMA
-# creates them IF NOT EXISTS); a new column on an existing table does (ALTER TABLE ... ADD COLUMN).
+# The schema's version is one marker, `PRAGMA user_version`: the last step below the database has had. Each
+# step brings a database of the version before up to its own; a database made before versions were kept is
+# version 0. New tables need no step (SCHEMA creates them IF NOT EXISTS); a new column on an existing table
+# does (ALTER TABLE ... ADD COLUMN). A database of a higher version than the last step is refused.
 def _key_and_org_columns(db) -> None:
     """API keys gain queue scopes, a rate limit, revocation, expiry and last use; organizations gain
     settings (the incoming-webhook token lives there)."""
@@ -133,22 +132,44 @@ def _key_and_org_columns(db) -> None:
             db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
 
+def _one_marker(db) -> None:
+    """The version moves from the `meta` row older servers kept beside `PRAGMA user_version` to
+    user_version alone."""
+    db.execute("DELETE FROM meta WHERE key='schema_version'")
+
+
 MIGRATIONS: list[tuple[int, Callable]] = [
     (1, _repair_settings),
     (2, _key_and_org_columns),
+    (3, _one_marker),
 ]
+SCHEMA_VERSION = MIGRATIONS[-1][0]  # the user_version this code writes
+
+
+def schema_version(db) -> int:
+    """The database's schema version. Servers before the one marker kept it in `meta` (with user_version
+    0, or 1 for their job history); that row, when present, is the version."""
+    found = db.execute("PRAGMA user_version").fetchone()[0]
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() if has_meta else None
+    if row is None:
+        return found
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise NewerSchema(f"the database's schema version {row[0]!r} (in its meta table) is not a number; "
+                          "use another database") from None
 
 
 def migrate(db) -> None:
-    """Run the steps a database has not had yet, and record the version reached (inside the caller's
-    transaction). A database from a newer server is left as it is."""
-    row = db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-    version = int(row[0]) if row else 0
+    """Run the steps a database has not had yet, and record the version reached in user_version (inside
+    the caller's transaction). The caller has refused a database newer than SCHEMA_VERSION."""
+    version = schema_version(db)
     for step_version, step in MIGRATIONS:
         if step_version > version:
             step(db)
             version = step_version
-    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(version),))
+    db.execute(f"PRAGMA user_version={version}")
 
 
 def ts(t: float | None) -> str | None:
@@ -286,7 +307,8 @@ class JobsChanged:
 
 
 class NewerSchema(ValueError):
-    """The database was written by a newer version of this code (its user_version is higher)."""
+    """The database was written by a newer version of this code (its schema version is higher), or its
+    version cannot be read."""
 
 
 def split_statements(script: str) -> list[str]:
@@ -317,7 +339,11 @@ class Store:
             self._db.execute("PRAGMA wal_autocheckpoint=4000")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=OFF")
-        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        try:
+            found = schema_version(self._db)
+        except NewerSchema:
+            self._db.close()
+            raise
         if found > SCHEMA_VERSION:
             self._db.close()
             raise NewerSchema(f"the database has schema version {found}, newer than this spooled-supervisor's "
@@ -326,7 +352,6 @@ class Store:
             for stmt in split_statements(SCHEMA + ";\n" + dependencies.SCHEMA):
                 db.execute(stmt)
             migrate(db)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self.keys = KeyCache()  # verified API keys (supervisor.devserver.keys_store)
         self.closed = False
         self.changed = JobsChanged()
@@ -739,6 +764,23 @@ class Store:
             raise not_found("Job not found")
         return dict(zip(JOB_COLS, rows[0], strict=True))
 
+    def job_status(self, org: str, job_id: str) -> tuple[str, str] | None:
+        """A job's (status, queue name), or None when `org` has no such job."""
+        rows = self._read("SELECT status, queue_name FROM jobs WHERE id=? AND organization_id=?", (job_id, org))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def queue_counts(self, org: str, queue: str) -> dict[str, int]:
+        """A queue's jobs by status, as the real server's queue stream counts them: `pending` with the scheduled
+        ones, `failed` with the dead-lettered ones, `completed` of all time."""
+        out = {"pending": 0, "processing": 0, "completed": 0, "failed": 0}
+        into = {"pending": "pending", "scheduled": "pending", "processing": "processing", "completed": "completed",
+                "failed": "failed", "deadletter": "failed"}
+        for status, n in self._read("SELECT status, COUNT(*) FROM jobs WHERE organization_id=? AND queue_name=? "
+                                    "GROUP BY status", (org, queue)):
+            if status in into:
+                out[into[status]] += n
+        return out
+
     def lease_state(self, org: str, job_id: str) -> tuple[str, str | None, float | None] | None:
         """(status, lease_id, lease_expires_at) of a job, or None if unknown."""
         rows = self._read("SELECT status, lease_id, lease_expires_at FROM jobs WHERE id=? AND organization_id=?",
@@ -789,12 +831,17 @@ class Store:
         return job_dict(rows[0])
 
     def list_jobs(self, org: str, queue: str | None, statuses: list[str] | None, tag: str | None, limit: int,
-                  offset: int, order_desc: bool = True) -> tuple[list[dict], bool]:
+                  offset: int, order_desc: bool = True,
+                  scope: frozenset[str] | None = None) -> tuple[list[dict], bool]:
+        """One page of jobs; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         sql = _SUMMARY_SELECT + " WHERE organization_id=?"
         args: list[str | int] = [org]
         if queue:
             sql += " AND queue_name=?"
             args.append(queue)
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
         if statuses:
             sql += f" AND status IN ({','.join('?' * len(statuses))})"
             args += statuses
@@ -888,11 +935,15 @@ class Store:
                 db.execute("DELETE FROM jobs WHERE id=?", (jid,))
         return len(ids)
 
-    def stats(self, org: str) -> dict:
+    def stats(self, org: str, scope: frozenset[str] | None = None) -> dict:
+        """Jobs per status; with `scope` (a queue-scoped key's queues) only jobs of those queues."""
         out = dict.fromkeys(("pending", "scheduled", "processing", "completed", "failed", "deadletter",
                              "cancelled"), 0)
-        for status, n in self._read("SELECT status, count(*) FROM jobs WHERE organization_id=? GROUP BY status",
-                                    (org,)):
+        sql, args = "SELECT status, count(*) FROM jobs WHERE organization_id=?", [org]
+        if scope is not None:
+            sql += f" AND queue_name IN ({','.join('?' * len(scope))})"
+            args += sorted(scope)
+        for status, n in self._read(sql + " GROUP BY status", args):
             out[status] = n
         out["total"] = sum(out.values())
         return out
@@ -900,7 +951,7 @@ class Store:
     # ---- queues ----
     def list_queues(self, org: str) -> list[dict]:
         """`GET /queues` as the real server answers it: configured queues plus the "implicit" ones that only
-        have jobs (reported with the default config), sorted by name, at most 100 (handlers/queues.rs@v0.1.114)."""
+        have jobs (reported with the default config), sorted by name, at most 100 (as the real server since 0.1.114)."""
         rows = self._read("SELECT queue_name, max_retries, default_timeout, rate_limit, enabled FROM queue_config "
                           "WHERE organization_id=? ORDER BY queue_name LIMIT 100", (org,))
         out = {r[0]: {"queue_name": r[0], "max_retries": DEFAULT_MAX_RETRIES if r[1] is None else r[1],

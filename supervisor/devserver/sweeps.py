@@ -5,9 +5,9 @@ to `pending` with retry_count+1 (or are dead-lettered). Every `worker_interval`
 seconds: workers with no heartbeat for `offline_after` seconds go `offline` and
 their processing jobs are recovered (back to `pending`). Every `schedule_interval`
 seconds: one indexed read for the earliest due schedule, and only when one is due
-a transaction that fires them (supervisor.devserver.schedules_store.fire_due),
-each job announced through `on_job(org, job_id, queue, priority)`. Errors are
-logged, never fatal.
+a transaction that fires them (supervisor.devserver.schedules_store.fire_due,
+which announces each job it makes through Store.publish). Errors are logged,
+never fatal.
 """
 
 from __future__ import annotations
@@ -15,18 +15,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 from . import schedules_store
 
 
 class Sweeper:
     def __init__(self, store, lease_interval: float = 1.0, offline_after: float = 120.0,
-                 worker_interval: float | None = None, schedule_interval: float = 1.0,
-                 on_job: Callable[[str, str, str, int], None] | None = None):
+                 worker_interval: float | None = None, schedule_interval: float = 1.0):
         self.store = store
         self.schedule_interval = max(0.01, schedule_interval)
-        self.on_job = on_job
         self.lease_interval = max(0.01, lease_interval)
         self.offline_after = offline_after
         self.worker_interval = worker_interval or max(0.05, min(5.0, offline_after / 4))
@@ -67,8 +64,4 @@ class Sweeper:
         due = schedules_store.next_due(self.store)
         if due is None or due > now:
             return 0
-        made = schedules_store.fire_due(self.store, now)
-        for org, job_id, queue, priority in made:
-            if self.on_job is not None:
-                self.on_job(org, job_id, queue, priority)
-        return len(made)
+        return len(schedules_store.fire_due(self.store, now))

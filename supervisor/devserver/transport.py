@@ -148,6 +148,9 @@ class Upgrade:
     def run(self, sock: socket.socket, gone: Callable[[], bool]) -> None:
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """Called instead of `run` when the head could not be written: release what the answer holds."""
+
 
 def stream_head(status: int, headers: dict) -> bytes:
     lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", "Content-Type: text/event-stream",
@@ -690,6 +693,8 @@ class Server:
         try:
             if send_all(conn.sock, head, time.monotonic() + WRITE_TIMEOUT):
                 body.run(conn.sock, self._stop.is_set)
+            else:
+                body.abandon()
         finally:
             with conn.lock:
                 conn.upgraded = False

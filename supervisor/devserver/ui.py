@@ -7,8 +7,8 @@
   GET /_dev/jobs/{id}/history    -- the job's every change of status or lease (time, worker, lease id),
                                     the caller's organization's jobs only: local to this dev server, the
                                     real API has no such route
-  GET /_dev/overview             -- per queue: jobs by status, paused or not, and jobs ended per minute over
-                                    the last 30 minutes
+  GET /_dev/overview             -- per queue (a queue-scoped key's own queues only): jobs by status, paused or
+                                    not, and jobs ended per minute over the last 30 minutes
 
 Every route here checks the Host header: an IP address or `localhost` only, so a page on another site cannot
 reach the server through a name it rebinds to 127.0.0.1 (DNS rebinding).
@@ -22,6 +22,7 @@ from importlib import resources
 
 from .errors import HttpError, not_found
 from .history import job_history, throughput
+from .keys_store import require_job, scope
 from .transport import Raw
 
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8"}
@@ -79,6 +80,7 @@ def asset(app, req):
 def history(app, req):
     check_host(req)
     job_id = req.params["id"]
+    require_job(app.store, req.key, req.org, job_id)  # a queue-scoped key's other queues are hidden
     app.store.get_job(req.org, job_id)  # 404 for an unknown job or another organization's
     return 200, {"job_id": job_id, "events": job_history(app.store.read, req.org, job_id)}, None
 
@@ -98,7 +100,8 @@ def overview(app, req):
         queue(name)["paused"] = not enabled
     for name, per_minute in throughput(read, req.org, time.time()).items():
         queue(name)["per_minute"] = per_minute
-    return 200, {"queues": [queues[name] for name in sorted(queues)]}, None
+    allowed = scope(req.key)  # a queue-scoped key sees its own queues only
+    return 200, {"queues": [queues[name] for name in sorted(queues) if allowed is None or name in allowed]}, None
 
 
 ROUTES = [

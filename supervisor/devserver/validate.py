@@ -1,4 +1,4 @@
-"""Request validation with the contract's error shapes.
+"""Request validation with the real server's error shapes.
 
 Absent required field -> 422 missing_field; wrong JSON type -> 422 invalid_type;
 a value of the right type that breaks a rule -> 400 VALIDATION_ERROR. JSON null
@@ -8,11 +8,31 @@ counts as absent for optional fields.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from .errors import field_hint, invalid_json, invalid_type, missing_field, validation
 
 _ASCII_ID = re.compile(r"^[A-Za-z0-9._-]+$")
 _MISSING = object()
+
+
+def check_url(url: str, field: str = "url") -> str:
+    """A URL the dev server will POST to (a webhook's, a job's `completion_webhook`): at most 2048
+    characters, no whitespace or control characters, http or https, with a host; else 400 `invalid_url`."""
+    if len(url) > 2048:
+        raise validation(field, "length must be at most 2048", "length")
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        raise validation(field, "Invalid URL: contains whitespace or control characters", "invalid_url")
+    try:
+        u = urlsplit(url)
+        _ = u.port
+    except ValueError as e:
+        raise validation(field, f"Invalid URL: {e}", "invalid_url") from None
+    if u.scheme not in ("http", "https"):
+        raise validation(field, "URL must use HTTP or HTTPS scheme", "invalid_url")
+    if not u.hostname:
+        raise validation(field, "Invalid URL: empty host", "invalid_url")
+    return url
 
 
 def _queue_chars_ok(name: str) -> bool:
@@ -142,10 +162,14 @@ class Body:
 
 
 def check_queue_name(q: str, field: str = "queue_name") -> str:
+    """The one rule for a queue a job, worker, workflow job or schedule names (what a claim accepts): 1-100
+    characters, alphanumeric or `-_.`, not starting with `.` or `-`; else 400 VALIDATION_ERROR on `field`."""
     if not q or len(q) > 100:
         raise validation(field, "length must be between 1 and 100", "length")
-    if not _queue_chars_ok(q) or q[0] in ".-":
+    if not _queue_chars_ok(q):
         raise validation(field, "Queue name contains invalid characters", "invalid_queue_name")
+    if q[0] in ".-":
+        raise validation(field, "Queue name cannot start with dots or dashes", "invalid_queue_name_start")
     return q
 
 
@@ -159,3 +183,18 @@ def check_hostname(h: str, field: str = "hostname") -> str:
     if not all(c.isalnum() or c in ".-_" for c in h) or h[0] in ".-" or h[-1] in ".-":
         raise validation(field, "Hostname contains invalid characters", "invalid_hostname")
     return h
+
+
+_QUERY_INT = re.compile(r"[+-]?[0-9]+")
+I64 = (-(2**63), 2**63 - 1)
+
+
+def query_int(raw: str, lo: int = I64[0], hi: int = I64[1]) -> int | None:
+    """A query-string integer as the server's deserializer reads one into its type (`lo`..`hi`, a signed
+    64-bit integer by default): ASCII digits with an optional sign, nothing else (no `_`, no spaces, no
+    other scripts' digits, which Python's int() takes); None when it is not one."""
+    if not _QUERY_INT.fullmatch(raw) or len(raw) > 21:
+        return None
+    v = int(raw)
+    return v if lo <= v <= hi else None
+

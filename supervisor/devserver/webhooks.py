@@ -9,7 +9,7 @@ Routes (the real server's shapes):
                                                   not past MAX_TOTAL_ATTEMPTS)
 
 Contract:
-- `Webhooks.on_fact` is a Store listener: each committed change the contract lists (job.created,
+- `Webhooks.on_fact` is a Store listener: each committed change listed here (job.created,
   job.started, job.completed, job.failed when dead-lettered, job.cancelled, queue.paused, queue.resumed,
   worker.registered, worker.deregistered, and schedule.triggered through `Store.publish`) becomes one
   delivery row per enabled webhook of the organization subscribed to it; a job's own
@@ -44,8 +44,10 @@ from urllib.parse import urlsplit
 from supervisor import exactjson
 
 from .errors import HttpError, invalid_type, missing_field, not_found, validation
-from .handlers import body
+from .handlers import I64, body, query_int
+from .keys_store import require_unrestricted
 from .store import _frag, dumps, ts
+from .validate import check_url
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outgoing_webhooks(
@@ -100,6 +102,8 @@ def post(url: str, payload: bytes, headers: dict, timeout: float) -> tuple[int, 
     https = u.scheme == "https"
     host, port = u.hostname or "", u.port or (443 if https else 80)
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    if u.scheme not in ("http", "https") or any(c <= " " or c == "\x7f" for c in url + path + u.netloc):
+        raise ValueError("not an http(s) URL without spaces or control characters")  # never a forged request
     deadline = time.monotonic() + timeout
 
     def left() -> float:
@@ -148,23 +152,6 @@ def _kept(text: bytes) -> str:
 
 
 # ---------- validation ----------
-def _check_url(url: str, field: str = "url") -> str:
-    if len(url) > 2048:
-        raise validation(field, "length must be at most 2048", "length")
-    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
-        raise validation(field, "Invalid URL: contains whitespace or control characters", "invalid_url")
-    try:
-        u = urlsplit(url)
-        _ = u.port
-    except ValueError as e:
-        raise validation(field, f"Invalid URL: {e}", "invalid_url") from None
-    if u.scheme not in ("http", "https"):
-        raise validation(field, "URL must use HTTP or HTTPS scheme", "invalid_url")
-    if not u.hostname:
-        raise validation(field, "Invalid URL: empty host", "invalid_url")
-    return url
-
-
 def _check_events(events) -> str:
     if not isinstance(events, list) or not all(isinstance(e, str) for e in events):
         raise invalid_type("events", "an array of strings")
@@ -188,7 +175,7 @@ def parse(req, update: bool) -> dict:
         if v is not None:
             if len(v) > hi:
                 raise validation(name, f"length must be between {lo} and {hi}", "length")
-            out[name] = _check_url(v) if name == "url" else v
+            out[name] = check_url(v) if name == "url" else v
     if "events" in b.d and b.d["events"] is not None:
         out["events"] = _check_events(b.d["events"])
     elif not update:
@@ -262,7 +249,7 @@ class Webhooks:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._inflight = 0
+        self._active: set[str] = set()  # deliveries being attempted now (under _lock)
         self.refresh()
         if store._read("SELECT 1 FROM outgoing_webhook_deliveries WHERE next_attempt_at IS NOT NULL LIMIT 1"):
             self._start()
@@ -325,24 +312,33 @@ class Webhooks:
             self._wake.clear()
 
     def _dispatch_due(self) -> float:
-        """Hand due deliveries to the pool (each leased for its attempt); seconds until the next is due."""
+        """Hand due deliveries to the pool (each leased for its attempt); seconds until the next is due. A
+        delivery still being attempted is never handed out again, even when a slow attempt (a DNS lookup
+        is not bounded by the timeout) outlives its lease."""
         now = time.time()
-        free = SENDERS - self._inflight
+        with self._lock:
+            active = set(self._active)
+        free = SENDERS - len(active)
         if free > 0:
             with self.store._tx() as db:
-                due = [r[0] for r in db.execute("SELECT id FROM outgoing_webhook_deliveries WHERE next_attempt_at <= ? "
-                                                "ORDER BY next_attempt_at LIMIT ?", (now, free))]
+                rows = db.execute("SELECT id FROM outgoing_webhook_deliveries WHERE next_attempt_at <= ? "
+                                  "ORDER BY next_attempt_at LIMIT ?", (now, free + len(active))).fetchall()
+                due = [r[0] for r in rows if r[0] not in active][:free]
                 for did in due:  # leased: a restart mid-attempt sends it again once the lease passes
                     db.execute("UPDATE outgoing_webhook_deliveries SET next_attempt_at=? WHERE id=?",
                                (now + self.timeout + 5, did))
             for did in due:
                 with self._lock:
-                    self._inflight += 1
+                    self._active.add(did)
                 assert self._pool is not None
                 self._pool.submit(self._attempt_safely, did)
-        if self._inflight >= SENDERS:
+        with self._lock:
+            active = set(self._active)
+        if len(active) >= SENDERS:
             return IDLE_WAKE  # a finishing attempt wakes the sender
-        (nxt,) = self.store._read("SELECT min(next_attempt_at) FROM outgoing_webhook_deliveries")[0]
+        marks = ",".join("?" * len(active))  # one being attempted is waited for by its end, not its lease
+        (nxt,) = self.store._read("SELECT min(next_attempt_at) FROM outgoing_webhook_deliveries"
+                                  + (f" WHERE id NOT IN ({marks})" if active else ""), tuple(sorted(active)))[0]
         return IDLE_WAKE if nxt is None else min(IDLE_WAKE, max(0.0, nxt - time.time()))
 
     def _attempt_safely(self, did: str) -> None:
@@ -353,7 +349,7 @@ class Webhooks:
                 print(f"warning: webhook delivery {did} failed: {e!r}", file=sys.stderr, flush=True)
         finally:
             with self._lock:
-                self._inflight -= 1
+                self._active.discard(did)
             self._wake.set()
 
     def attempt(self, did: str) -> None:
@@ -511,49 +507,52 @@ class Webhooks:
 
 
 # ---------- handlers ----------
-def _int_param(req, name: str, default: int, lo: int, hi: int) -> int:
-    raw = (req.query.get(name) or [""])[-1]
-    if raw == "":
-        return default
-    try:
-        return min(max(int(raw), lo), hi)
-    except ValueError:
-        raise HttpError(400, "BAD_REQUEST", f"Failed to deserialize query string: {name}: invalid digit") from None
+def _manage(req) -> None:
+    """Every webhook route needs an unrestricted key, as on the real server: a webhook sees every queue."""
+    require_unrestricted(req, "manage outgoing webhooks")
 
 
 def list_route(app, req):
+    _manage(req)
     return 200, app.webhooks.all(req.org), None
 
 
 def create_route(app, req):
+    _manage(req)
     return 201, app.webhooks.create(req.org, parse(req, update=False)), None
 
 
 def get_route(app, req):
+    _manage(req)
     return 200, app.webhooks.get(req.org, req.params["id"]), None
 
 
 def update_route(app, req):
+    _manage(req)
     return 200, app.webhooks.update(req.org, req.params["id"], parse(req, update=True)), None
 
 
 def delete_route(app, req):
+    _manage(req)
     app.webhooks.delete(req.org, req.params["id"])
     return 204, None, None
 
 
 def test_route(app, req):
+    _manage(req)
     return 200, app.webhooks.test(req.org, req.params["id"]), None
 
 
 def deliveries_route(app, req):
+    _manage(req)
     status = (req.query.get("status") or [""])[-1]
     return 200, app.webhooks.deliveries(req.org, req.params["id"], status if status in ("pending", "success", "failed")
-                                        else None, _int_param(req, "limit", 100, 1, 100),
-                                        _int_param(req, "offset", 0, 0, 10**9)), None
+                                        else None, query_int(req, "limit", 100, 1, 100, I64),
+                                        query_int(req, "offset", 0, 0, 10**9, I64)), None
 
 
 def retry_route(app, req):
+    _manage(req)
     return 200, app.webhooks.retry(req.org, req.params["id"], req.params["delivery_id"]), None
 
 

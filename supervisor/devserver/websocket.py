@@ -50,7 +50,7 @@ TICK = 1.0  # seconds between checks that the server still runs
 CONT, TEXT, BINARY, CLOSE, PING, PONG = 0x0, 0x1, 0x2, 0x8, 0x9, 0xA
 
 # close codes
-NORMAL, GOING_AWAY, PROTOCOL_ERROR, NOT_UTF8, TOO_BIG = 1000, 1001, 1002, 1007, 1009
+NORMAL, GOING_AWAY, PROTOCOL_ERROR, NOT_UTF8, POLICY_VIOLATION, TOO_BIG = 1000, 1001, 1002, 1007, 1008, 1009
 
 
 class ProtocolError(Exception):
@@ -206,12 +206,15 @@ def _ping_event() -> bytes:
 
 
 class Session(Upgrade):
-    """One WebSocket: the events its filter keeps out, the client's commands in (on the answering thread)."""
+    """One WebSocket: the events its filter keeps out, the client's commands in (on the answering thread).
+    `sub` is already subscribed (`Broadcaster.subscribe_capped`); the session unsubscribes it when it ends."""
 
-    def __init__(self, broadcaster: Broadcaster, accept: str, org: str, queue_name: str | None,
-                 names: set[str] | None, job_id: str | None, ping_every: float = PING_EVERY):
+    def __init__(self, broadcaster: Broadcaster, accept: str, sub: Subscriber, ping_every: float = PING_EVERY):
         self.broadcaster, self.accept, self.ping_every = broadcaster, accept, ping_every
-        self.sub = Subscriber(org, queue_name, names, job_id, raw=True)
+        self.sub = sub
+
+    def abandon(self) -> None:
+        self.broadcaster.unsubscribe(self.sub)
 
     def head(self, headers: dict) -> bytes:
         lines = ["HTTP/1.1 101 Switching Protocols", "Upgrade: websocket", "Connection: Upgrade",
@@ -233,7 +236,6 @@ class Session(Upgrade):
             return send_all(sock, data, time.monotonic() + WRITE_TIMEOUT)
 
         self.sub.wake = wake
-        self.broadcaster.add(self.sub)
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN)
         poller.register(wake_r, select.POLLIN)
@@ -279,7 +281,11 @@ class Session(Upgrade):
         return all(self._on_message(opcode, payload, send) for opcode, payload in messages)
 
     def _flush(self, send: Callable[[bytes], bool]) -> bool:
-        """Write the buffered events (up to 256 in one write); False when the session ends."""
+        """Write the buffered events (up to 256 in one write); False when the session ends (also when its key
+        has expired: closed with 1008)."""
+        if self.sub.expired(time.time()):
+            send(close_frame(POLICY_VIOLATION, "API key has expired"))
+            return False
         out: list[bytes] = []
         while len(out) < 256:
             try:
@@ -323,8 +329,8 @@ class Session(Upgrade):
         job_id = job_id if isinstance(job_id, str) and job_id else None
         sub = self.sub
         if name == "subscribe":
-            if queue_name is not None:
-                sub.queue_name = queue_name
+            if queue_name is not None and (sub.scope is None or queue_name in sub.scope):
+                sub.queue_name = queue_name  # another queue than a scoped key's is ignored: nothing widens
             if job_id is not None:
                 sub.job_id = job_id
         elif name == "unsubscribe":
@@ -339,10 +345,11 @@ class Session(Upgrade):
 
 def connect(app, req):
     """GET /api/v1/ws: upgrade to a WebSocket carrying the organization's realtime events (the module's contract)."""
-    from .handlers import event_filter
+    from .handlers import event_filter, open_subscriber
 
     accept = check_handshake(req.headers)
     queue_name, names, job_id = event_filter(app, req)
-    if app.events.count_for(req.org, raw=True) >= MAX_PER_ORG:
+    sub = open_subscriber(app, req, queue_name, names, job_id, raw=True, cap=MAX_PER_ORG)
+    if sub is None:
         raise HttpError(429, "RATE_LIMIT_EXCEEDED", "Too many WebSocket connections")
-    return 101, Session(app.events, accept, req.org, queue_name, names, job_id), None
+    return 101, Session(app.events, accept, sub), None

@@ -12,7 +12,8 @@ Routes:
   GET  /api/v1/jobs/{id}/dependencies    -> {job_id, dependencies, dependents, dependencies_met}
   POST /api/v1/jobs/{id}/dependencies    {depends_on: [ids], dependency_mode?} -> {dependencies_added,
                                           dependencies_met}; a self edge or one that would close a cycle is
-                                          skipped, as the real server skips it
+                                          skipped, and a job of any status takes them, as on the real
+                                          server (a processing job keeps its lease; retried, it waits)
 
 Bad input as the real server answers it: a missing or mistyped field 422; a rule broken (lengths, the
 characters of a key, name or queue, 1-100 jobs, ranges) 400 VALIDATION_ERROR with `details`; a
@@ -28,9 +29,10 @@ import uuid
 
 from . import dependencies
 from .errors import HttpError, invalid_type, not_found, validation
-from .handlers import SIXTY_FOUR_K, _json_text, body
+from .handlers import I64, SIXTY_FOUR_K, _json_text, body, query_int
+from .keys_store import require_job, require_queue, scope
 from .store import _JOB_SELECT, JOB_COLS, _frag, ts
-from .validate import Body
+from .validate import Body, check_queue_name
 
 MAX_JOBS = 100
 STATUSES = ("pending", "running", "completed", "failed", "cancelled")
@@ -62,15 +64,7 @@ def _job_def(app, raw, i: int) -> dict:
     if not all(c.isalnum() or c in "-_" for c in key):
         raise validation(f"{where}.key", "Job key can only contain alphanumeric characters, dashes, and underscores",
                          "invalid_job_key")
-    queue = b.str("queue_name", True, 0, 10**6)
-    if not 1 <= len(queue) <= 255:
-        raise validation(f"{where}.queue_name", "length must be between 1 and 255", "length")
-    if not all(c.isalnum() or c in "-_." for c in queue):
-        raise validation(f"{where}.queue_name", "Queue name can only contain alphanumeric characters, dashes, "
-                         "underscores, and dots", "invalid_queue_name")
-    if queue[0] in ".-":
-        raise validation(f"{where}.queue_name", "Queue name cannot start with dots or dashes",
-                         "invalid_queue_name_start")
+    queue = check_queue_name(b.str("queue_name", True, 0, 10**6), f"{where}.queue_name")
     _, payload = b.any("payload", required=True)
     deps = b.list("depends_on", False, 10**6) or []
     if not all(isinstance(d, str) for d in deps):
@@ -305,41 +299,61 @@ def add_dependencies(store, org: str, job_id: str, depends_on: list[str], mode: 
 
 
 # ---------- handlers ----------
-def _query_int(req, name: str, default: int) -> int:
-    raw = (req.query.get(name) or [""])[-1]
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise bad_request(f"Failed to deserialize query string: {name}: invalid digit found in string") from None
-
-
 def create_workflow(app, req):
-    return 200, create(app.store, req.org, parse_workflow(app, req)), None
+    wf = parse_workflow(app, req)
+    for d in wf["jobs"]:  # a queue-scoped key creates jobs in its queues only
+        require_queue(req, d["queue_name"])
+    return 200, create(app.store, req.org, wf), None
+
+
+def _outside(store, org: str, allowed: frozenset[str] | None) -> set[str]:
+    """The organization's workflows with a job outside `allowed` (a queue-scoped key's queues)."""
+    if allowed is None:
+        return set()
+    marks = ",".join("?" * len(allowed))
+    rows = store._read(f"SELECT DISTINCT workflow_id FROM jobs WHERE organization_id=? AND workflow_id IS NOT NULL "
+                       f"AND queue_name NOT IN ({marks})", [org, *sorted(allowed)])
+    return {r[0] for r in rows}
+
+
+def _require_workflow(app, req) -> str:
+    """The `{id}` workflow; 404 "Workflow not found" for a queue-scoped key when any of its jobs lies in
+    another queue (the key may act only on what it can see whole)."""
+    wid = req.params["id"]
+    if wid in _outside(app.store, req.org, scope(req.key)):
+        raise not_found("Workflow not found")
+    return wid
 
 
 def list_route(app, req):
     status = (req.query.get("status") or [""])[-1]
-    limit = min(max(_query_int(req, "limit", 50), 1), 100)
-    offset = max(_query_int(req, "offset", 0), 0)
-    return 200, list_workflows(app.store, req.org, status if status in STATUSES else None, limit, offset), None
+    limit = query_int(req, "limit", 50, 1, 100, I64)
+    offset = query_int(req, "offset", 0, 0, 10**9, I64)
+    status = status if status in STATUSES else None
+    allowed = scope(req.key)
+    if allowed is None:
+        return 200, list_workflows(app.store, req.org, status, limit, offset), None
+    hidden = _outside(app.store, req.org, allowed)
+    shown = [w for w in list_workflows(app.store, req.org, status, 10**9, 0) if w["id"] not in hidden]
+    return 200, shown[offset:offset + limit], None
 
 
 def get_workflow(app, req):
-    return 200, detail(app.store, req.org, req.params["id"]), None
+    return 200, detail(app.store, req.org, _require_workflow(app, req)), None
 
 
 def cancel_workflow(app, req):
-    return 200, cancel(app.store, req.org, req.params["id"]), None
+    return 200, cancel(app.store, req.org, _require_workflow(app, req)), None
 
 
 def retry_workflow(app, req):
-    return 200, retry(app.store, req.org, req.params["id"]), None
+    return 200, retry(app.store, req.org, _require_workflow(app, req)), None
 
 
 def get_job_dependencies(app, req):
-    return 200, job_dependencies(app.store, req.org, req.params["id"]), None
+    job_id = req.params["id"]
+    require_job(app.store, req.key, req.org, job_id, f"Job {job_id} not found")
+    return 200, job_dependencies(app.store, req.org, job_id), None
 
 
 def add_job_dependencies(app, req):
@@ -350,6 +364,10 @@ def add_job_dependencies(app, req):
     if not all(isinstance(d, str) for d in deps):
         raise invalid_type("depends_on", "an array of strings")
     mode = _mode(b, "dependency_mode")
+    job_id = req.params["id"]
+    require_job(app.store, req.key, req.org, job_id, f"Job {job_id} not found")
+    for dep in deps:
+        require_job(app.store, req.key, req.org, dep, f"Dependency job {dep} not found in your organization")
     return 200, add_dependencies(app.store, req.org, req.params["id"], deps, mode), None
 
 

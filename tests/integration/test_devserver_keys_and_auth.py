@@ -156,3 +156,21 @@ def test_a_jwt_dies_with_its_key_and_bad_logins_are_refused(server):
     assert r.status_code == 422 and r.json()["details"][0]["code"] == "missing_field"
     with pytest.raises(SpooledError):
         SpooledClient(api_key=server.api_key, base_url=server.url).auth.logout()  # an API key is no JWT
+
+
+def test_a_token_whose_key_is_revoked_is_neither_valid_nor_me_and_a_refresh_token_is_not_me(server):
+    c = sdk(server)
+    made = c.api_keys.create({"name": "temp"})
+    pair = c.auth.login({"api_key": made.key})
+    me = requests.get(server.url + "/api/v1/auth/me", headers={"Authorization": f"Bearer {pair.refresh_token}"},
+                      timeout=10)
+    assert me.status_code == 401  # a refresh token is no access token
+    ok = requests.get(server.url + "/api/v1/auth/me", headers={"Authorization": f"Bearer {pair.access_token}"},
+                      timeout=10)
+    assert ok.status_code == 200 and ok.json()["api_key_id"] == made.id
+    c.api_keys.delete(made.id)
+    r = server.request("POST", "/api/v1/auth/validate", json={"token": pair.access_token})
+    assert r.status_code == 200 and r.json() == {"valid": False, "error": "API key has been revoked"}
+    me = requests.get(server.url + "/api/v1/auth/me", headers={"Authorization": f"Bearer {pair.access_token}"},
+                      timeout=10)
+    assert me.status_code == 401 and me.json()["code"] == "UNAUTHORIZED"

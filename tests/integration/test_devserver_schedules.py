@@ -74,6 +74,11 @@ BAD = "Invalid cron expression: "
     ({"cron_expression": 5}, 422, "VALIDATION_ERROR", None),
     ({"name": None}, 422, "VALIDATION_ERROR", None),
     ({"payload_template": "<script>alert(1)</script>"}, 201, None, None),  # any JSON, stored as given
+    # the queue a claim would refuse: its jobs could never be worked
+    ({"queue_name": "bad queue <b>"}, 400, "VALIDATION_ERROR", "queue_name: Queue name contains invalid characters"),
+    ({"queue_name": "q" * 101}, 400, "VALIDATION_ERROR", None),
+    ({"queue_name": ".hidden"}, 400, "VALIDATION_ERROR", None),
+    ({"queue_name": ""}, 400, "VALIDATION_ERROR", None),
 ])
 def test_bad_schedules_are_answered_as_the_server_answers(dev_server, change, status, code, message):
     body = {k: v for k, v in {**BASE, **change}.items() if v is not None}

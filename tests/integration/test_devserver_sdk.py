@@ -242,7 +242,10 @@ def test_official_sdk_worker_runs_unchanged_against_the_server(dev_server):
         try:
             wait_until(finished, timeout=45, interval=0.1, what="SDK worker to finish every job")
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; the SDK worker's errors: {errors}") from None
+            jobs = [(j["id"][:8], j["status"], j["retry_count"], j.get("last_error"))
+                    for j in dev_server.request("GET", "/api/v1/jobs?queue_name=sdkw&limit=100").json()]
+            raise AssertionError(f"{exc}; the SDK worker's errors: {errors}; its state {worker.state}; "
+                                 f"the jobs: {jobs}") from None
         assert dev_server.worker("sdk-worker")["status"] == "healthy"
     finally:
         worker.stop()

@@ -40,7 +40,7 @@ def test_a_database_with_settings_stored_bad_is_repaired_at_start(tmp_path):
         server.stop()
     with sqlite3.connect(db) as conn:  # as an older server left it
         conn.execute("UPDATE queue_config SET settings='\"x\"'")
-        conn.execute("DELETE FROM meta WHERE key='schema_version'")
+        conn.execute("PRAGMA user_version=0")
     server = DevServer(db).start()
     try:
         for action in ("pause", "resume"):

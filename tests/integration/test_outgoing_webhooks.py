@@ -224,16 +224,80 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _settled(pid: int):
+    """A predicate: true once the process used no CPU between two calls (its start-up and the delivery's
+    bookkeeping are over)."""
+    last = [_cpu_seconds(pid)]
+
+    def idle() -> bool:
+        now = _cpu_seconds(pid)
+        quiet, last[0] = now == last[0], now
+        return quiet
+    return idle
+
+
 def test_the_idle_sender_costs_under_one_percent_of_a_core(tmp_path, receiver):
     s = DevServer(str(tmp_path / "idle.db")).start()  # the default sweeps, as a developer runs it
     try:
-        _hook(s, receiver.url + "/idle", events=["job.created"])
+        hook = _hook(s, receiver.url + "/idle", events=["job.created"])
         s.enqueue("idle", {})
         wait_until(lambda: receiver.requests("/idle"), what="the delivery")
-        time.sleep(0.5)
+        wait_until(lambda: [d["status"] for d in s.request("GET", f"/api/v1/outgoing-webhooks/{hook['id']}/deliveries"
+                                                              ).json()] == ["success"],
+                   what="the delivery recorded as delivered")
+        wait_until(_settled(s.proc.pid), timeout=30, interval=0.05, what="the server to go idle")
         before, t0 = _cpu_seconds(s.proc.pid), time.monotonic()
         time.sleep(5.0)  # measuring an idle interval: nothing to poll for
         used = _cpu_seconds(s.proc.pid) - before
         assert used / (time.monotonic() - t0) < 0.01, used
+    finally:
+        s.stop()
+
+
+def test_a_schedule_fire_and_a_trigger_send_job_created_and_schedule_triggered(tmp_path, receiver):
+    s = DevServer(str(tmp_path / "sched.db"), extra=["--schedule-interval", "0.1"]).start()
+    try:
+        org = s.request("POST", "/api/v1/organizations", json={"name": "Other", "slug": "other-sched"}).json()
+        theirs = org["api_key"]["key"]
+        r = s.request("POST", "/api/v1/outgoing-webhooks", key=theirs, json={
+            "name": "theirs", "url": receiver.url + "/theirs", "events": EVENTS, "secret": "their-secret"})
+        assert r.status_code == 201, r.text
+        hook = _hook(s, receiver.url + "/mine", events=["job.created", "schedule.triggered"])
+        sdk = SpooledClient(api_key=s.api_key, base_url=s.url)
+        payload = {"html": "<script>alert('x')</script>", "n": 2**70}
+        made = sdk.schedules.create({"name": "hourly", "cron_expression": "0 * * * *", "queue_name": "cron-hooks",
+                                     "payload_template": payload})
+        fired = sdk.schedules.trigger(made.id)
+
+        def by_event(want: str) -> list[dict]:
+            return [r for r in receiver.requests("/mine") if r["json"]["event"] == want]
+        [triggered] = wait_until(lambda: by_event("schedule.triggered"), what="the trigger's schedule.triggered")
+        [created] = wait_until(lambda: by_event("job.created"), what="the trigger's job.created")
+        for req in (triggered, created):
+            _verify(req, "s3cret")
+            assert req["headers"]["x-spooled-event"] == req["json"]["event"]
+        data = triggered["json"]["data"]
+        assert (data["schedule_id"], data["job_id"], data["queue_name"]) == (made.id, fired.job_id, "cron-hooks")
+        assert created["json"]["data"]["job_id"] == fired.job_id
+        assert created["json"]["data"]["queue_name"] == "cron-hooks"
+        job = s.request("GET", f"/api/v1/jobs/{fired.job_id}").json()
+        assert job["payload"] == payload  # the markup and the big integer as given, in the job the hook names
+
+        # the sweep's fire: the schedule, made due now, fires once and is announced the same way
+        every = sdk.schedules.create({"name": "every", "cron_expression": "* * * * * *", "queue_name": "cron-hooks",
+                                      "payload_template": {}})
+        run = wait_until(lambda: (h := sdk.schedules.get_history(every.id)) and h[-1], timeout=15, what="a fire")
+        sdk.schedules.pause(every.id)
+        fire = wait_until(lambda: [r for r in by_event("schedule.triggered")
+                                   if r["json"]["data"]["schedule_id"] == every.id
+                                   and r["json"]["data"]["job_id"] == run.job_id], what="the fire's webhook")
+        _verify(fire[0], "s3cret")
+        wait_until(lambda: [r for r in by_event("job.created") if r["json"]["data"]["job_id"] == run.job_id],
+                   what="the fired job's job.created")
+        other = s.request("POST", f"/api/v1/schedules/{made.id}/trigger", key=theirs)  # not their schedule
+        assert other.status_code == 404 and other.json() == {"code": "NOT_FOUND", "message": "Schedule not found"}
+        deliveries = s.request("GET", f"/api/v1/outgoing-webhooks/{hook['id']}/deliveries").json()
+        assert {d["event"] for d in deliveries} == {"job.created", "schedule.triggered"}
+        assert receiver.requests("/theirs") == []  # another organization's webhook hears none of it
     finally:
         s.stop()

@@ -154,13 +154,15 @@ def test_cancelling_a_workflow_cancels_its_waiting_jobs(dev_server):
      400, "VALIDATION_ERROR", "invalid characters"),
     ({"name": "w", "jobs": [{"key": "a b", "queue_name": "q", "payload": 1}]}, 400, "VALIDATION_ERROR", "Job key"),
     ({"name": "w", "jobs": [{"key": "a", "queue_name": ".q", "payload": 1}]}, 400, "VALIDATION_ERROR", "cannot start"),
+    ({"name": "w", "jobs": [{"key": "a", "queue_name": "q" * 101, "payload": 1}]}, 400, "VALIDATION_ERROR",
+     "between 1 and 100"),  # a longer name no claim accepts
     ({"name": "w", "jobs": [{"key": "a", "queue_name": "q", "payload": 1, "dependency_mode": "some"}]},
      422, "VALIDATION_ERROR", "unknown variant"),
     ({"name": "w", "jobs": [{"key": "a", "queue_name": "q", "payload": 1, "priority": 101}]},
      400, "VALIDATION_ERROR", "priority"),
     ({"name": "w", "jobs": "a"}, 422, "VALIDATION_ERROR", "jobs"),
 ], ids=["self-cycle", "cycle", "unknown-key", "duplicate-key", "no-name", "no-payload", "no-jobs", "101-jobs",
-        "markup-name", "bad-key", "bad-queue", "bad-mode", "priority", "jobs-not-array"])
+        "markup-name", "bad-key", "bad-queue", "long-queue", "bad-mode", "priority", "jobs-not-array"])
 def test_a_bad_workflow_is_refused_with_the_real_servers_error(dev_server, body, status, code, message):
     r = dev_server.request("POST", "/api/v1/workflows", json=body)
     assert r.status_code == status, r.text
@@ -232,3 +234,34 @@ def test_a_three_level_workflow_runs_in_dependency_order_under_the_daemon(dev_se
             assert by_key[child]["started_at"] >= by_key[parent]["completed_at"], (child, parent)
     wait_until(lambda: dev_server.request("GET", f"/api/v1/workflows/{made['workflow_id']}").json()["status"]
                == "completed", what="the workflow to complete")
+
+
+@pytest.mark.parametrize("query,status", [("offset=" + "9" * 20, 400), ("offset=-1", 200),
+                                          ("offset=1000000000000", 200), ("limit=" + "9" * 20, 400),
+                                          ("limit=0", 200), ("offset=1e3", 400)])
+def test_hostile_paging_of_the_workflow_list_is_a_clear_answer_never_a_500(dev_server, query, status):
+    r = dev_server.request("GET", "/api/v1/workflows?" + query)
+    assert r.status_code == status, r.text
+    if status == 400:
+        assert r.json()["code"] == "BAD_REQUEST" and "Failed to deserialize query string" in r.json()["message"]
+    else:
+        assert isinstance(r.json(), list)
+
+
+def test_a_running_job_given_a_dependency_is_held_after_its_retry_until_it_completes(dev_server):
+    """As the real server: dependencies may be added to a job of any status; one that is processing keeps
+    its lease, and once it fails back to pending it waits for the new dependency."""
+    runner = dev_server.enqueue("held", {"n": 1})
+    [job] = _claim_all(dev_server, "held")
+    gate = dev_server.enqueue("gate", {})
+    r = dev_server.request("POST", f"/api/v1/jobs/{runner}/dependencies", json={"depends_on": [gate]})
+    assert r.status_code == 200 and r.json() == {"dependencies_added": 1, "dependencies_met": False}
+    _fail(dev_server, job)
+    assert dev_server.job(runner)["status"] == "pending"
+    deps = dev_server.request("GET", f"/api/v1/jobs/{runner}/dependencies").json()
+    assert deps["dependencies_met"] is False and [d["job_id"] for d in deps["dependencies"]] == [gate]
+    [g] = _claim_all(dev_server, "gate")
+    _complete(dev_server, g)
+    assert dev_server.request("GET", f"/api/v1/jobs/{runner}/dependencies").json()["dependencies_met"] is True
+    claimed = wait_until(lambda: _claim_all(dev_server, "held"), timeout=10, what="the retry after its back-off")
+    assert [j["id"] for j in claimed] == [runner]

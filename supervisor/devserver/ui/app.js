@@ -222,10 +222,15 @@ function schedule() {
   state.timer = setTimeout(() => { refresh(); schedule(); }, state.live ? SLOW_POLL_MS : POLL_MS);
 }
 
+// Events refresh the view at most once per EVENT_REFRESH_MS (the first one of a quiet spell after 250 ms), so a
+// busy queue's stream of events costs the API one overview read every two seconds, not four a second.
+const EVENT_REFRESH_MS = 2000;
 let soon = null;
-function onEvent() {  // many events in a burst: one refresh
+let lastEventRefresh = 0;
+function onEvent() {
   if (soon) return;
-  soon = setTimeout(() => { soon = null; refresh(); }, 250);
+  const wait = Math.max(250, lastEventRefresh + EVENT_REFRESH_MS - Date.now());
+  soon = setTimeout(() => { soon = null; lastEventRefresh = Date.now(); refresh(); }, wait);
 }
 
 function listen() {
