@@ -54,9 +54,10 @@ def make_client(kind: str, server: Server, sel, wake_w: int):
     if kind == "rest":
         api = SpooledAPI(server.url, Secret(server.key), timeout=30)
         return api, LoopHTTP(api, sel, wake_w)
+    client = "grpcio" if kind.endswith("-grpcio") else "wire"
     cfg = type("Cfg", (), {"grpc_url": server.grpc, "api_key": Secret(server.key), "api_timeout": 30.0,
-                           "ca_bundle": None})
-    return make_transport(cfg, wake_w, sel, mode="unary" if kind == "grpc-unary" else "stream")
+                           "ca_bundle": None, "grpc_client": client})
+    return make_transport(cfg, wake_w, sel, mode="stream" if kind.startswith("grpc-stream") else "unary")
 
 
 def drive(kind: str, server: Server, total: int, slots: int) -> dict:
@@ -115,10 +116,13 @@ def drive(kind: str, server: Server, total: int, slots: int) -> dict:
 def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int, payload: dict) -> dict:
     """The real daemon (`--transport`) draining `count` jobs: wall time and parent CPU per job."""
     queue = f"d-{transport}-{procs}-{len(payload)}"
+    client = ("--grpc-client", "grpcio") if transport.endswith("-grpcio") else ()
+    transport = transport.removesuffix("-grpcio")
     log_path = os.path.join(tmp, f"{queue}.log")
     cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", "benchmarks.handlers:burn", "--procs",
            str(procs), "--api-url", server.url, "--worker-id", f"bench-{queue}", "--poll-interval", "0.1",
-           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc]
+           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc,
+           *client]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=server.key), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -138,7 +142,8 @@ def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int,
     finally:
         stop_popen(proc)
     server.completed_before += count
-    return {"transport": f"daemon-{transport}", "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
+    name = f"daemon-{transport}" + ("-grpcio" if client else "")
+    return {"transport": name, "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
             "wall_us": round(wall / count * 1e6), "parent_cpu_us": round(cpu / count * 1e6),
             "jobs_per_s": round(count / wall)}
 
@@ -157,8 +162,10 @@ def main(argv=None) -> int:
     ap.add_argument("--delay-jobs", type=int, default=300, help="jobs per row with added latency (default 300)")
     ap.add_argument("--delay-ms", default="0,5", help="added server latency per request/message, ms (default 0,5)")
     ap.add_argument("--slots", default="1,8", help="jobs held at once (children), comma-separated (default 1,8)")
-    ap.add_argument("--transports", default="rest,grpc,grpc-unary",
-                    help="rest, grpc (one ProcessJobs stream), grpc-unary (one RPC per call); default all three")
+    ap.add_argument("--transports", default="rest,grpc-unary,grpc-unary-grpcio,grpc-stream",
+                    help="rest; grpc-unary (one RPC per call, on the loop's own HTTP/2 connection: --grpc-client "
+                    "wire); grpc-unary-grpcio (the same through grpcio's channel); grpc-stream (one ProcessJobs "
+                    "stream, grpcio); default all four")
     ap.add_argument("--daemon-jobs", type=int, default=600, help="jobs per daemon row (default 600; 0 = none)")
     ap.add_argument("--procs", type=int, default=2, help="daemon --procs for the daemon rows (default 2)")
     args = ap.parse_args(argv)
@@ -184,7 +191,7 @@ def main(argv=None) -> int:
             server.completed_before = 0
             try:
                 for payload in ({}, {"ms": 5}):
-                    for transport in ("rest", "grpc"):
+                    for transport in ("rest", "grpc", "grpc-grpcio"):
                         row = daemon_row(server, tmp, transport, args.daemon_jobs, args.procs, payload)
                         daemon_rows.append(row)
                         print(f"  {row['transport']:10} work={row['work_ms']}ms: {row['parent_cpu_us']} us parent "

@@ -25,14 +25,17 @@ Q = "gq"
 class Driver:
     """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
 
-    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None):
+    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None,
+                 client: str = "wire"):
         self.r, self.w = os.pipe()
         os.set_blocking(self.r, False)
         os.set_blocking(self.w, False)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.r, selectors.EVENT_READ, ("wake", None))
         cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None,
-                              api_url=rest_url)
+                              api_url=rest_url, grpc_client=client)
+        if mode == "unary-grpcio":  # unary calls through grpcio's channel instead of the loop's own connection
+            mode, cfg.grpc_client = "unary", "grpcio"
         self.requests: list[tuple] = []
         self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
                                                mode=mode)
@@ -87,7 +90,7 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["unary", "stream"])
+@pytest.fixture(params=["unary", "unary-grpcio", "stream"])
 def mode(request):
     return request.param
 
@@ -269,7 +272,7 @@ def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
         assert isinstance(err, api.Unavailable)
         _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
         assert isinstance(err, api.Unavailable)
-        assert d.client.failures >= 1 or mode == "unary"
+        assert d.client.failures >= 1 or mode.startswith("unary")
         server = start_server(tmp_path, "--grpc-port", str(port))  # (the later flag wins)
         d.api._key = Secret(server.api_key)
         jid = server.enqueue(Q, {"x": 1})
@@ -286,13 +289,23 @@ def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
             server.stop()
 
 
-def test_no_channel_or_thread_before_the_first_call(server):
+def test_no_channel_or_thread_before_the_first_call_and_none_for_unary_calls(server):
     before = threading.active_count()
     d = Driver(server.grpc_address, server.api_key)
     try:
         assert d.api._channel is None and threading.active_count() == before
         d.ok("reg", d.api.register_call(Q, "gw", "h", 1, {}))
-        assert d.api._channel is not None
+        server.enqueue(Q, {"x": 1})
+        job, = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        assert d.ok("done", d.api.complete_call(job["id"], "gw", job["lease_id"], {"r": 1})) is None
+        # the loop's own HTTP/2 connection: no grpcio channel, no thread
+        assert d.api._channel is None and threading.active_count() == before
+    finally:
+        d.close()
+    d = Driver(server.grpc_address, server.api_key, client="grpcio")
+    try:
+        d.ok("reg", d.api.register_call(Q, "gw", "h", 1, {}))
+        assert d.api._channel is not None  # grpcio's channel, made on the first call
     finally:
         d.close()
 
