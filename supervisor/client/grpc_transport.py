@@ -228,7 +228,7 @@ class GrpcCall:
 
     kind: str  # register, heartbeat, claim, complete, fail, renew
     route: str  # the REST route name, for metrics
-    message: object = None  # the request proto (a ProcessRequest for stream kinds)
+    message: object = None  # the request proto (wrapped in a ProcessRequest on the ProcessJobs stream)
     count: int = 1
     job_id: str = ""
     job_route: bool = False
@@ -398,8 +398,7 @@ class GrpcAPI:
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> GrpcCall:
         from supervisor.proto import spooled_pb2 as pb
 
-        msg = pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=queue, worker_id=worker_id,
-                                                          lease_duration_secs=lease_secs, batch_size=1))
+        msg = pb.DequeueRequest(queue_name=queue, worker_id=worker_id, lease_duration_secs=lease_secs, batch_size=1)
         return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
 
     def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> GrpcCall:
@@ -418,7 +417,7 @@ class GrpcAPI:
                 error = Rejected(0, "RESULT_NOT_STRUCT", f"the result does not fit a google.protobuf.Struct: {exc}")
         rest = self.rest
         rest_call = None if rest is None else (lambda: rest.complete_call(job_id, worker_id, lease_id, result))
-        return GrpcCall("complete", "complete", pb.ProcessRequest(complete=req), job_id=job_id, job_route=True,
+        return GrpcCall("complete", "complete", req, job_id=job_id, job_route=True,
                         error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
@@ -430,14 +429,14 @@ class GrpcAPI:
         req = pb.FailRequest(job_id=job_id, worker_id=worker_id, error=text, lease_id=lease_id, retry=True)
         rest = self.rest
         rest_call = None if rest is None else (lambda: rest.fail_call(job_id, worker_id, lease_id, error))
-        return GrpcCall("fail", "fail", pb.ProcessRequest(fail=req), job_id=job_id, job_route=True,
+        return GrpcCall("fail", "fail", req, job_id=job_id, job_route=True,
                         rest_call=rest_call)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
         from supervisor.proto import spooled_pb2 as pb
 
         req = pb.RenewLeaseRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id, extension_secs=lease_secs)
-        return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
+        return GrpcCall("renew", "job_heartbeat", req, job_id=job_id, job_route=True)
 
 
 def _unary_job_answer(kind: str, answer: Any) -> Any:
@@ -468,6 +467,14 @@ class _Pending:
     error: ApiError | None = None
     resent: bool = False
     finished: bool = False
+
+
+def _process_request(call: GrpcCall) -> Any:
+    """A job call's request as a ProcessJobs message (batch_size 1: one dequeue message per job)."""
+    from supervisor.proto import spooled_pb2 as pb
+
+    fields: dict[str, Any] = {JOB_UNARY[call.kind][1]: call.message}
+    return pb.ProcessRequest(**fields)
 
 
 @dataclass(eq=False)
@@ -559,7 +566,6 @@ class LoopGrpc:
         self.engine = engine
         self.wire: Any = None  # the H2Client, made on the first call
         self.wire_calls: dict[int, _WireCall] = {}  # id(context) -> the calls out on it
-        self._wire_taken: list = []
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -602,8 +608,8 @@ class LoopGrpc:
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
     def _submit_unary_job(self, tag: Any, call: GrpcCall, now: float) -> None:
-        rpc, field_name = JOB_UNARY[call.kind]
-        request = getattr(call.message, field_name)
+        rpc, _ = JOB_UNARY[call.kind]
+        request: Any = call.message
         if call.kind == "claim":
             request.batch_size = call.count
         future = getattr(self.api.queue_stub, rpc).future(request, metadata=self.api.metadata,
@@ -618,10 +624,8 @@ class LoopGrpc:
             self.wire = H2Client(self.sel, self._addresses(), api.target, api.host, api.wire_tls(),
                                  lambda: api.metadata, f"spooled-supervisor/{__version__}")
         message: Any = call.message
-        if call.kind in JOB_UNARY:
-            message = getattr(message, JOB_UNARY[call.kind][1])
-            if call.kind == "claim":
-                message.batch_size = call.count
+        if call.kind == "claim":
+            message.batch_size = call.count
         path, answer_type = WIRE_PATHS[call.kind]
         ctx = _WireCall(tag, call, now, now + self.api.timeout, answer_type)
         handle = self.wire.call(path, message.SerializeToString(), ctx)
@@ -637,19 +641,13 @@ class LoopGrpc:
         host, _, port = self.api.target.rpartition(":")
         return Resolver(host.strip("[]"), int(port), self.wake_fd)
 
-    def _take_wire(self) -> None:
-        """Move the wire's answers to `_wire_taken`, forgetting their calls' deadlines."""
-        if self.wire is None:
+    def _finish_wire(self) -> None:
+        """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines)."""
+        if self.wire is None or not self.wire.answers:
             return
         taken, self.wire.answers = self.wire.answers, []
         for ctx, _ in taken:
             self.wire_calls.pop(id(ctx), None)
-        self._wire_taken.extend(taken)
-
-    def _finish_wire(self) -> None:
-        """Turn the wire's answers into results, as grpcio's would be."""
-        self._take_wire()
-        taken, self._wire_taken = self._wire_taken, []
         for ctx, answer in taken:
             code = _status_code(answer.status)
             if answer.status != 0:
@@ -756,8 +754,9 @@ class LoopGrpc:
         while self.waiting:
             item = self.waiting.popleft()
             item.left = item.call.count
+            wrapped = _process_request(item.call)
             for _ in range(item.call.count):
-                self.stream.send(item, item.call.message)
+                self.stream.send(item, wrapped)
 
     def _break(self, now: float, why: str) -> None:
         """Drop the stream; re-send its unanswered settlements first on the next one."""

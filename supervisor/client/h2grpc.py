@@ -45,6 +45,9 @@ UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN = 14, 1, 8, 13, 2
 _RST_STATUS = {0x7: UNAVAILABLE, 0x8: CANCELLED, 0xB: RESOURCE_EXHAUSTED}
 
 
+_HEAD = struct.Struct(">BHBBI")  # a frame header: length (3 bytes), type, flags, stream id
+
+
 class ProtocolError(Exception):
     """The peer broke HTTP/2 or gRPC framing: drop the connection."""
 
@@ -208,21 +211,24 @@ class H2Session:
     # ---------------------------------------------------------------- receiving
     def receive(self, data: bytes) -> list[Answer]:
         """Bytes from the peer -> the calls they finished. Raises ProtocolError."""
-        self.buf += data
+        if self.buf:
+            self.buf += data
+            buf = bytes(self.buf)
+        else:
+            buf = data
         done: list[Answer] = []
-        buf, pos = self.buf, 0
-        while len(buf) - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
+        pos, end, unpack = 0, len(buf), _HEAD.unpack_from
+        while end - pos >= 9:
+            high, low, kind, flags, sid = unpack(buf, pos)
+            length = high << 16 | low
             if length > MAX_FRAME:
                 raise ProtocolError(f"a frame of {length} bytes (we allow {MAX_FRAME})")
-            if len(buf) - pos < 9 + length:
+            if end - pos < 9 + length:
                 break
-            kind, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-            payload = bytes(buf[pos + 9:pos + 9 + length])
+            payload = buf[pos + 9:pos + 9 + length]
             pos += 9 + length
-            self._frame(kind, flags, sid, payload, done)
-        del buf[:pos]
+            self._frame(kind, flags, sid & 0x7FFFFFFF, payload, done)
+        self.buf = bytearray(buf[pos:]) if pos < end else bytearray()
         if self.unacked >= OUR_WINDOW // 2:
             self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.unacked))
             self.unacked = 0
