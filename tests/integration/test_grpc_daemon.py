@@ -338,3 +338,121 @@ def test_struct_doubles_become_ints_below_2_53():
     assert restore_ints({"a": 5.0, "b": [1.0, 2.5, {"c": -3.0}], "d": True, "e": None, "s": "5"}) == \
         {"a": 5, "b": [1, 2.5, {"c": -3}], "d": True, "e": None, "s": "5"}
     assert type(restore_ints(2.0 ** 53)) is float and type(restore_ints(2.0 ** 53 - 1)) is int
+
+
+class HostileServer:
+    """A TCP listener on loopback that reads whatever comes and answers each connection as `behaviour` says:
+    `garbage` (bytes that are no HTTP/2), `silent` (never a byte), `close` (hangs up)."""
+
+    def __init__(self, behaviour: str):
+        import socket
+
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        self.conns: list = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.conns.append(conn)
+            try:
+                conn.recv(65536)
+                if self.behaviour == "garbage":
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\xff" * 64)
+                elif self.behaviour == "close":
+                    conn.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("behaviour", ["garbage", "silent", "close"])
+def test_the_wire_client_against_a_hostile_server(behaviour):
+    peer = HostileServer(behaviour)
+    d = Driver(peer.address, "sp_test_never-shown", timeout=1.0)
+    try:
+        for attempt in range(2):  # each call fails on its own, and the next one connects afresh
+            started = time.monotonic()
+            result, err = d.call(("claim", attempt), d.api.claim_call(Q, "gw", 1, 30), timeout=10)
+            assert result is None and isinstance(err, api.Unavailable), err
+            assert time.monotonic() - started < 5  # within the call's 1 s deadline and a turn, never a stall
+            assert "sp_test_never-shown" not in str(err)
+            wait_until(lambda a=attempt: peer.accepted == a + 1, timeout=5, what="a fresh connection per attempt")
+        if behaviour == "silent":
+            assert "within 1 s" in str(err)
+        else:
+            assert "no answer" not in str(err)
+        job_err = d.call("done", d.api.complete_call("j1", "gw", "l1", {"r": 1}), timeout=10)[1]
+        assert isinstance(job_err, api.Unavailable)
+    finally:
+        d.close()
+        peer.close()
+
+
+def test_the_wire_client_over_tls_verifies_the_server_and_speaks_h2(tmp_path):
+    """A grpcio server with a self-signed certificate: accepted with it as the CA bundle (ALPN h2), refused
+    without (the system roots do not know it)."""
+    import selectors as sels
+    import ssl
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from support.tls_proxy import self_signed_cert
+
+    from supervisor.client.h2grpc import H2Client
+    from supervisor.proto import spooled_pb2 as pb
+    from supervisor.proto import spooled_pb2_grpc as pb_grpc
+
+    cert, key = self_signed_cert(tmp_path)
+    seen = []
+
+    class Queue(pb_grpc.QueueServiceServicer):
+        def Dequeue(self, request, context):
+            seen.append((request.queue_name, dict(context.invocation_metadata()).get("x-api-key")))
+            return pb.DequeueResponse()
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_QueueServiceServicer_to_server(Queue(), server)
+    creds = grpc.ssl_server_credentials([(open(key, "rb").read(), open(cert, "rb").read())])
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    sel = sels.DefaultSelector()
+    try:
+        def one_call(ctx):
+            import socket
+
+            addrs = socket.getaddrinfo("127.0.0.1", port, type=socket.SOCK_STREAM)
+            client = H2Client(sel, lambda: addrs, f"127.0.0.1:{port}", "127.0.0.1", ctx,
+                              lambda: (("x-api-key", "sp_test_tls"),), "test/1")
+            body = pb.DequeueRequest(queue_name="tls-q", worker_id="w").SerializeToString()
+            assert client.call("/spooled.v1.QueueService/Dequeue", body, "ctx") is not None
+            deadline = time.monotonic() + 10
+            while not client.answers and time.monotonic() < deadline:
+                for k, mask in sel.select(0.2):
+                    k.data[1].on_ready(mask, time.monotonic())
+            answers = list(client.answers)
+            client.close()
+            return answers
+
+        trusted = ssl.create_default_context(cafile=cert)
+        trusted.set_alpn_protocols(["h2"])
+        (ctx, answer), = one_call(trusted)
+        assert (ctx, answer.status, answer.message) == ("ctx", 0, b"") and seen == [("tls-q", "sp_test_tls")]
+        default = ssl.create_default_context()
+        default.set_alpn_protocols(["h2"])
+        (_, answer), = one_call(default)
+        assert answer.status == 14 and "CERTIFICATE_VERIFY_FAILED" in answer.details and len(seen) == 1
+    finally:
+        sel.close()
+        server.stop(0)
