@@ -15,9 +15,12 @@ Design, for the parent's single select() loop:
   other, so with API latency L one stream settles at most 1/L jobs per second whatever --procs is,
   and its per-job claims cost more CPU than one batched Dequeue: `stream` is only ahead for a single
   child on a fast link. Register and heartbeat are unary in both.
-- gRPC's threads (the futures' callbacks, the stream's reader) only append events to a deque and
-  write one byte to the loop's wake-up fd; all state changes happen on the loop thread in `expire`
-  and `done`. No selector registration is needed (`on_ready` is never called).
+- Two clients (`engine`). `wire` (the default): unary calls are HTTP/2 frames the loop writes and reads
+  itself on one non-blocking socket registered in its selector (`supervisor.client.h2grpc`; its events
+  come back through `on_ready`); no thread, and a fraction of grpcio's CPU per call. `grpcio`: its
+  channel and futures; gRPC's threads (the futures' callbacks, the stream's reader) only append events
+  to a deque and write one byte to the loop's wake-up fd; all state changes happen on the loop thread
+  in `expire` and `done`. The ProcessJobs stream always goes through grpcio.
 - The channel is created on the first call, i.e. after the forkserver started: children never hold
   gRPC state and never import grpc (this module imports grpc only inside functions).
 - Settlements whose answer was lost (UNAVAILABLE, a deadline, a broken stream) are remembered by job
