@@ -60,57 +60,122 @@ def make_client(kind: str, server: Server, sel, wake_w: int):
     return make_transport(cfg, wake_w, sel, mode="stream" if kind.startswith("grpc-stream") else "unary")
 
 
-def drive(kind: str, server: Server, total: int, slots: int) -> dict:
-    """Claim for free slots, complete each job as soon as it arrives, until `total` jobs are completed."""
+class JobStreams:
+    """`slots` StreamJobs streams (grpcio; one reader thread each, as the guides' workers have): each
+    delivered job goes to `arrived` and a byte to the loop's wake-up pipe. Settlements go through the
+    loop's transport; the server sends a stream's next job once the last is settled."""
+
+    def __init__(self, server: Server, slots: int, wake_w: int, lease: int = 60):
+        import threading
+
+        import grpc
+
+        from supervisor.proto import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2_grpc as pb_grpc
+
+        self.channel = grpc.insecure_channel(server.grpc)
+        stub = pb_grpc.QueueServiceStub(self.channel)
+        self.arrived: list = []
+        self.calls = []
+        for _ in range(slots):
+            call = stub.StreamJobs(pb.StreamJobsRequest(queue_name=QUEUE, worker_id="bench-w",
+                                                        lease_duration_secs=lease),
+                                   metadata=(("x-api-key", server.key),))
+            self.calls.append(call)
+
+            def read(call=call):
+                try:
+                    for job in call:
+                        self.arrived.append({"id": job.id, "lease_id": job.lease_id})
+                        try:
+                            os.write(wake_w, b"\0")
+                        except OSError:
+                            pass
+                except grpc.RpcError:
+                    pass
+            threading.Thread(target=read, daemon=True).start()
+
+    def take(self) -> list:
+        out, self.arrived = self.arrived, []
+        return out
+
+    def close(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        self.channel.close()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def drive(kind: str, server: Server, total: int, slots: int, work_ms: float = 0.0) -> dict:  # noqa: C901
+    """Claim for free slots (or, for `grpc-jobstreams`, take what one StreamJobs stream per slot delivers),
+    hold each job `work_ms` as a child would run it, then complete it; until `total` jobs are completed."""
+    import heapq
+
     r, w = os.pipe()
     os.set_blocking(r, False)
     os.set_blocking(w, False)
     sel = selectors.DefaultSelector()
     sel.register(r, selectors.EVENT_READ, ("wake", None))
-    api, client = make_client(kind, server, sel, w)
+    streamed = kind == "grpc-jobstreams"
+    api, client = make_client("grpc-unary" if streamed else kind, server, sel, w)
+    streams = JobStreams(server, slots, w) if streamed else None
     claimed = completed = held = 0
     claiming = False
+    running: list = []  # (due, n, job): jobs "running" until due
     wall0, cpu0, srv0 = time.monotonic(), time.process_time(), cpu_seconds(server.ps)
     try:
         while completed < total:
-            if not claiming and held < slots and claimed < total:
+            if not streamed and not claiming and held < slots and claimed < total:
                 client.submit(("claim",), api.claim_call(QUEUE, "bench-w", min(slots - held, total - claimed), 60),
                               first=True)
                 claiming = True
             now = time.monotonic()
             deadline = client.next_deadline()
+            if running:
+                deadline = min(deadline or running[0][0], running[0][0])
             for key, mask in sel.select(1.0 if deadline is None else max(0.0, min(1.0, deadline - now))):
                 if key.data[0] == "wake":
-                    try:
-                        while os.read(r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    _drain(r)
                 else:
                     client.on_ready(key.data[1], mask, time.monotonic())
-            client.expire(time.monotonic())
+            now = time.monotonic()
+            client.expire(now)
+            arrived = streams.take() if streams is not None else []
             for tag, result, error in client.done():
                 if error is not None:
                     raise RuntimeError(f"{kind} {tag[0]} failed: {error}")
                 if tag[0] == "claim":
                     claiming = False
-                    for job in result:
-                        claimed += 1
-                        held += 1
-                        client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"],
-                                                                        {"ok": True}))
+                    arrived += result
                 else:
                     held -= 1
                     completed += 1
+            for job in arrived:
+                claimed += 1
+                held += 1
+                heapq.heappush(running, (now + work_ms / 1000.0, claimed, job))
+            while running and running[0][0] <= now:
+                job = heapq.heappop(running)[2]
+                client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"], {"ok": True}))
     finally:
         wall, cpu, srv = time.monotonic() - wall0, time.process_time() - cpu0, cpu_seconds(server.ps) - srv0
+        if streams is not None:
+            streams.close()
         client.close()
         sel.close()
         os.close(r)
         os.close(w)
-    return {"transport": kind, "slots": slots, "jobs": total, "wall_us": round(wall / total * 1e6),
+    ideal = slots * 1000.0 / work_ms if work_ms else None
+    return {"transport": kind, "slots": slots, "jobs": total, "work_ms": work_ms, "wall_us": round(wall / total * 1e6),
             "client_cpu_us": round(cpu / total * 1e6), "server_cpu_us": round(srv / total * 1e6),
-            "jobs_per_s": round(total / wall)}
+            "jobs_per_s": round(total / wall, 1), "busy": round(total / wall / ideal, 3) if ideal else None}
 
 
 def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int, payload: dict) -> dict:
@@ -166,6 +231,8 @@ def main(argv=None) -> int:
                     help="rest; grpc-unary (one RPC per call, on the loop's own HTTP/2 connection: --grpc-client "
                     "wire); grpc-unary-grpcio (the same through grpcio's channel); grpc-stream (one ProcessJobs "
                     "stream, grpcio); default all four")
+    ap.add_argument("--work-ms", type=float, default=0.0, help="each job held this long before its complete, as a "
+                    "child would run it (default 0); with grpc-jobstreams (one StreamJobs stream per slot)")
     ap.add_argument("--daemon-jobs", type=int, default=600, help="jobs per daemon row (default 600; 0 = none)")
     ap.add_argument("--procs", type=int, default=2, help="daemon --procs for the daemon rows (default 2)")
     args = ap.parse_args(argv)
@@ -178,7 +245,7 @@ def main(argv=None) -> int:
                 for slots in [int(s) for s in args.slots.split(",")]:
                     for kind in args.transports.split(","):
                         server.enqueue(count)
-                        row = drive(kind, server, count, slots)
+                        row = drive(kind, server, count, slots, args.work_ms)
                         row["delay_ms"] = delay
                         rows.append(row)
                         print(f"  {kind:10} slots={slots} delay={delay}ms: {row['wall_us']} us/job", file=sys.stderr,
