@@ -87,6 +87,9 @@ WIRE_PATHS = {"claim": ("/spooled.v1.QueueService/Dequeue", "DequeueResponse"),
               "register": ("/spooled.v1.WorkerService/Register", "RegisterWorkerResponse"),
               "heartbeat": ("/spooled.v1.WorkerService/Heartbeat", "HeartbeatResponse")}
 ENGINES = ("wire", "grpcio")
+MAX_DETAILS = 500  # characters of a server's grpc-message kept in an error
+# a settlement ending so says nothing of what became of it (a reset, a proxy's error): it may have been applied
+MAYBE_APPLIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN", "CANCELLED", "DATA_LOSS"})
 
 
 class GrpcMissing(ImportError):
@@ -490,6 +493,7 @@ class _WireCall:
     deadline: float
     answer_type: str
     handle: Any = None
+    client: Any = None  # the H2Client it went out on
 
 
 _CODES: dict[int, Any] = {}
@@ -567,7 +571,8 @@ class LoopGrpc:
         self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
         # wire: unary calls on the loop's own HTTP/2 connection (supervisor.client.h2grpc); grpcio: its futures
         self.engine = engine
-        self.wire: Any = None  # the H2Client, made on the first call
+        self.wire: Any = None  # the H2Client new calls go on, made on the first call
+        self.wire_retiring: list[Any] = []  # spent H2Clients (GOAWAY) finishing the calls still out on them
         self.wire_calls: dict[int, _WireCall] = {}  # id(context) -> the calls out on it
         self.api = api
         self.sel = sel
@@ -620,6 +625,9 @@ class LoopGrpc:
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
     def _submit_wire(self, tag: Any, call: GrpcCall, now: float) -> None:
+        if self.wire is not None and self.wire.spent() and self.wire.contexts:
+            self.wire_retiring.append(self.wire)  # its calls finish there; new ones go on a new connection
+            self.wire = None
         if self.wire is None:
             from supervisor.client.h2grpc import H2Client
 
@@ -636,7 +644,7 @@ class LoopGrpc:
             why = f"{self.api.base_url}: {self.wire.last_error}"
             self._result(tag, call, now, error=Unavailable(0, "CONNECT", why))
             return self._finish_wire()
-        ctx.handle = handle
+        ctx.handle, ctx.client = handle, self.wire
         self.wire_calls[id(ctx)] = ctx
         self._finish_wire()
 
@@ -645,16 +653,27 @@ class LoopGrpc:
         return Resolver(host.strip("[]"), int(port), self.wake_fd)
 
     def _finish_wire(self) -> None:
-        """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines)."""
-        if self.wire is None or not self.wire.answers:
+        """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines); close a
+        retiring connection once its last call is answered."""
+        if self.wire is None:
             return
-        taken, self.wire.answers = self.wire.answers, []
+        taken: list[tuple[Any, Any]] = []
+        for client in (self.wire, *self.wire_retiring):
+            if client.answers:
+                taken += client.answers
+                client.answers = []
+        if self.wire_retiring:
+            for client in [c for c in self.wire_retiring if not c.contexts]:
+                self.wire_retiring.remove(client)
+                client.close()
         for ctx, _ in taken:
             self.wire_calls.pop(id(ctx), None)
         for ctx, answer in taken:
             code = _status_code(answer.status)
             if answer.status != 0:
-                self._unary_done(ctx.tag, ctx.call, ctx.started, code, answer.details, None)
+                # what the server said, as a server said it: never the key, never more than a line's worth
+                details = self.api._key.scrub(answer.details)[:MAX_DETAILS]
+                self._unary_done(ctx.tag, ctx.call, ctx.started, code, details, None)
                 continue
             try:
                 reply = _answer_types()[ctx.answer_type].FromString(answer.message or b"")
@@ -717,19 +736,20 @@ class LoopGrpc:
         late = [c for c in self.wire_calls.values() if now >= c.deadline]
         for ctx in late:
             del self.wire_calls[id(ctx)]
-            self.wire.cancel(ctx.handle)
+            ctx.client.cancel(ctx.handle)
             if ctx.call.kind in ("complete", "fail"):
                 self.maybe_applied.add(ctx.call.job_id)  # it may have been applied: a NOT_FOUND later means done
             self._result(ctx.tag, ctx.call, ctx.started, error=Unavailable(
                 0, "TIMEOUT", f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
-        if late and self.wire.silent_since(min(c.started for c in late)):
-            self.wire.drop("no answer and no frame from the server: the connection is presumed dead")
+        for client in {id(c.client): c.client for c in late}.values():
+            if client.silent_since(min(c.started for c in late if c.client is client)):
+                client.drop("the server finished no call since this one started: the connection is presumed dead")
         self._finish_wire()
 
     def on_ready(self, conn: Any, mask: int, now: float) -> None:
         """A selector event of this transport's connection, or of the REST fallback's sockets."""
-        if self.wire is not None and conn is self.wire:
-            self.wire.on_ready(mask, now)
+        if self.wire is not None and (conn is self.wire or conn in self.wire_retiring):
+            conn.on_ready(mask, now)
             return self._finish_wire()
         if self.rest is not None:
             self.rest.on_ready(conn, mask, now)
@@ -737,7 +757,9 @@ class LoopGrpc:
     def close(self) -> None:
         self._closed = True
         if self.wire is not None:
-            self.wire.close()
+            for client in (self.wire, *self.wire_retiring):
+                client.close()
+            self.wire_retiring.clear()
             self.wire_calls.clear()
         if self.rest is not None:
             self.rest.close()
@@ -876,7 +898,7 @@ class LoopGrpc:
                 if code == grpc.StatusCode.NOT_FOUND and call.job_id in self.maybe_applied:
                     self.maybe_applied.discard(call.job_id)
                     return self._result(tag, call, started)  # a retried settlement: the first copy was applied
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if code.name in MAYBE_APPLIED:
                     self.maybe_applied.add(call.job_id)
             return self._result(tag, call, started, error=map_status(code, details, call.job_route))
         self.maybe_applied.discard(call.job_id)

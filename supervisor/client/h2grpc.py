@@ -15,10 +15,14 @@ needs:
   once per method); the API key is a never-indexed literal. Answers are decoded with `hpack` (the
   HTTP/2 header compression of the python-hyper project: Huffman and the dynamic table, with a cap on a
   header list's size).
-- Anything the peer does wrong (garbage, an oversized frame or header list, a compressed message we did
-  not ask for, a frame on a stream we never opened that it must not send) raises `ProtocolError`: the
-  connection is dropped and every call on it answers UNAVAILABLE. A message over MAX_MESSAGE ends its
-  call with RESOURCE_EXHAUSTED.
+- Anything the peer does wrong (garbage, an oversized frame or header list, a header block that does not
+  decode or is interrupted, a pushed stream we refused, bad SETTINGS or window sizes, a flood of frames that
+  finish no call, more unread output than MAX_UNSENT because it stopped reading) raises `ProtocolError`:
+  the connection is dropped and every call on it answers UNAVAILABLE. A message over MAX_MESSAGE ends its
+  call with RESOURCE_EXHAUSTED; a compressed or malformed message, or an answer without a grpc-status,
+  ends it with INTERNAL; an HTTP error status with UNAVAILABLE (502-504) or UNKNOWN.
+- A connection that was told GOAWAY, or has used up its stream ids, takes no new call: `H2Client.spent()`
+  tells its owner to open another one while the calls still out on it finish.
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ from urllib.parse import unquote
 import hpack
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
+DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 5, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 S_HEADER_TABLE_SIZE, S_MAX_CONCURRENT, S_INITIAL_WINDOW, S_MAX_FRAME = 1, 3, 4, 5
 OUR_WINDOW = 16 * 1024 * 1024  # per stream and for the connection: more than any answer we accept
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_HEADER_LIST = 64 * 1024
 MAX_FRAME = 16384  # the default we keep (we never raise SETTINGS_MAX_FRAME_SIZE)
+MAX_WINDOW = (1 << 31) - 1
+LAST_STREAM_ID = (1 << 31) - 1
+MAX_UNSENT = 4 * 1024 * 1024  # bytes we hold for a peer that stopped reading before we give it up
+FLOOD = 10_000  # frames in a row that finish no call (pings, settings, empty data...) before we give up
+READ_BUDGET = 256 * 1024  # bytes read per readiness event, so one connection never holds the loop
 UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN = 14, 1, 8, 13, 2
 # RST_STREAM error codes -> gRPC status (REFUSED_STREAM: not processed, safe to send again)
 _RST_STATUS = {0x7: UNAVAILABLE, 0x8: CANCELLED, 0xB: RESOURCE_EXHAUSTED}
@@ -135,7 +144,12 @@ class H2Session:
         self.unacked = 0  # bytes received since we last widened the connection's receive window
         self.goaway = False  # the peer is going away: nothing new on this connection
         self.buf = bytearray()
+        self.idle_frames = 0  # frames since the last finished call (see FLOOD)
         self._headers: tuple[int, int, bytearray] | None = None  # (stream, flags, block) awaiting CONTINUATION
+
+    def spent(self) -> bool:
+        """No new call may go on this connection (GOAWAY, or its stream ids are used up)."""
+        return self.goaway or self.next_id > LAST_STREAM_ID
 
     # ------------------------------------------------------------------ sending
     def start(self, path: str, body: bytes) -> int:
@@ -227,11 +241,20 @@ class H2Session:
                 break
             payload = buf[pos + 9:pos + 9 + length]
             pos += 9 + length
+            finished = len(done)
             self._frame(kind, flags, sid & 0x7FFFFFFF, payload, done)
+            if len(done) > finished:
+                self.idle_frames = 0
+            else:
+                self.idle_frames += 1
+                if self.idle_frames > FLOOD:
+                    raise ProtocolError(f"over {FLOOD} frames in a row that finish no call (a flood)")
         self.buf = bytearray(buf[pos:]) if pos < end else bytearray()
         if self.unacked >= OUR_WINDOW // 2:
             self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.unacked))
             self.unacked = 0
+        if len(self.out) > MAX_UNSENT:
+            raise ProtocolError(f"over {MAX_UNSENT} bytes unsent: the server does not read what we send")
         return done
 
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
@@ -270,6 +293,8 @@ class H2Session:
             self.out += frame(SETTINGS, ACK, 0)
 
     def _on_ping(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if len(payload) != 8 or sid:
+            raise ProtocolError("a PING of the wrong size or on a stream")
         if not flags & ACK:
             self.out += frame(PING, ACK, 0, payload[:8])
 
@@ -279,9 +304,17 @@ class H2Session:
         grant = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
             self.send_window += grant
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError("a WINDOW_UPDATE past the largest window")
         elif sid in self.calls:
-            self.calls[sid].window += grant
+            call = self.calls[sid]
+            call.window += grant
+            if call.window > MAX_WINDOW:
+                raise ProtocolError("a WINDOW_UPDATE past the largest window")
         self._send_data()
+
+    def _on_push(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        raise ProtocolError("a pushed stream (our SETTINGS refuse push)")
 
     def _on_reset(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         call = self.calls.pop(sid, None)
@@ -311,11 +344,15 @@ class H2Session:
         for i in range(0, len(payload), 6):
             key, value = struct.unpack(">HI", payload[i:i + 6])
             if key == S_INITIAL_WINDOW:
+                if value > MAX_WINDOW:
+                    raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past the largest window")
                 delta, self.initial_window = value - self.initial_window, value
                 for call in self.calls.values():
                     call.window += delta
             elif key == S_MAX_FRAME:
-                self.max_frame = max(MAX_FRAME, min(value, 1 << 24))
+                if not MAX_FRAME <= value < 1 << 24:
+                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
+                self.max_frame = value
             elif key == S_MAX_CONCURRENT:
                 self.max_streams = value
         self._send_ready()
@@ -335,7 +372,8 @@ class H2Session:
         if flags & END_STREAM:  # no trailers: not a gRPC answer
             self.calls.pop(sid)
             self._closed(sid, call)
-            done.append(Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
+            done.append(Answer(sid, call.status, call.details) if call.status is not None else
+                        Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
 
     def _decode(self, block: bytes) -> list:
         """A header block's fields. The server's blocks repeat byte for byte once its table is warm, and a
@@ -385,8 +423,10 @@ class H2Session:
     def _outcome(sid: int, call: _Call, status: bytes | None, details: bytes | None) -> Answer:
         if call.status is not None:
             return Answer(sid, call.status, call.details)
-        code = int(status) if status is not None and status.isdigit() else UNKNOWN
-        text = unquote(details.decode("utf-8", "replace")) if details else ""
+        if status is None:
+            return Answer(sid, INTERNAL, "the server ended the call without a gRPC status")
+        code = int(status) if status.isdigit() and len(status) <= 3 else UNKNOWN
+        text = unquote(details.decode("utf-8", "replace"), errors="replace") if details else ""
         if code != 0:
             return Answer(sid, code, text)
         body = bytes(call.data)
@@ -418,8 +458,9 @@ class H2Session:
 
 
 H2Session._handlers = {DATA: H2Session._data, HEADERS: H2Session._on_headers, CONTINUATION: H2Session._on_continuation,
-                       SETTINGS: H2Session._on_settings, PING: H2Session._on_ping, WINDOW_UPDATE: H2Session._on_window,
-                       RST_STREAM: H2Session._on_reset, GOAWAY: H2Session._on_goaway}
+                       SETTINGS: H2Session._on_settings, PUSH_PROMISE: H2Session._on_push, PING: H2Session._on_ping,
+                       WINDOW_UPDATE: H2Session._on_window, RST_STREAM: H2Session._on_reset,
+                       GOAWAY: H2Session._on_goaway}
 
 
 # ---------------------------------------------------------------------- the loop's socket
@@ -442,14 +483,19 @@ class H2Client:
         self.contexts: dict[int, object] = {}  # stream id -> the owner's context for that call
         self.answers: list[tuple[object, Answer]] = []
         self.events = 0
-        self.received_at = 0.0  # monotonic time of the last bytes from the peer
+        self.answered_at = 0.0  # monotonic time the peer last finished a call on this connection
         self.connections = 0
         self.last_error = ""
         self._next_addr = 0
 
+    def spent(self) -> bool:
+        """The connection takes no new call (GOAWAY, or its stream ids are used up): the owner opens another
+        client for new calls while this one finishes the calls still out on it (`contexts`)."""
+        return self.session is not None and self.session.spent()
+
     def call(self, path: str, body: bytes, context: object) -> tuple[H2Session, int] | None:
         """Start a call; None when no connection could be started (why: `last_error`)."""
-        if self.session is None or self.session.goaway:
+        if self.session is None or self.session.spent():
             if not self._connect():
                 return None
         assert self.session is not None
@@ -467,15 +513,16 @@ class H2Client:
             self._flush()
 
     def silent_since(self, t: float) -> bool:
-        """Nothing came from the server since monotonic time `t` (a call that timed out then: a dead link)."""
-        return self.session is not None and self.received_at < t
+        """The server finished no call on this connection since monotonic time `t`: with a call started
+        then and timed out, the link is presumed dead (pings or a trickle of bytes do not keep it)."""
+        return self.session is not None and self.answered_at < t
 
     def _connect(self) -> bool:
         import errno
         import os
         import socket
 
-        if self.session is not None:  # going away: its calls still open end UNAVAILABLE (sent again safely)
+        if self.session is not None:  # spent: its calls still open end UNAVAILABLE (sent again safely)
             self.drop("the server went away")
         addrs = self.addresses()
         if not addrs:
@@ -546,24 +593,38 @@ class H2Client:
             self._watch(_R if isinstance(want, ssl.SSLWantReadError) else _W)
         except (OSError, ValueError, ProtocolError) as exc:
             self.drop(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # whatever a peer provokes ends its connection, never the loop
+            self.drop(f"the HTTP/2 client failed on what the server sent: {type(exc).__name__}")
 
     def _read(self, now: float) -> None:
         import ssl
 
         assert self.sock is not None and self.session is not None
-        while True:
+        budget = READ_BUDGET  # a peer that sends without pause gets the loop back after this much
+        while budget > 0:
             try:
-                data = self.sock.recv(262144)
+                data = self.sock.recv(min(budget, 65536))
             except (BlockingIOError, ssl.SSLWantReadError):
                 return
             if not data:
-                raise ConnectionResetError("the server closed the connection")
-            self.received_at = now
-            for answer in self.session.receive(data):
-                self._answer(answer)
+                raise ConnectionResetError("the server closed the connection mid-answer" if self.contexts else
+                                           "the server closed the connection")
+            budget -= len(data)
+            self._take(data, now)
             pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
-            if len(data) < 262144 and not pending:
+            if len(data) < 65536 and not pending:
                 return
+        pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+        if pending:  # bytes already decrypted raise no readiness event: take them now (one record at most)
+            self._take(self.sock.recv(pending), now)
+
+    def _take(self, data: bytes, now: float) -> None:
+        assert self.session is not None
+        answers = self.session.receive(data)
+        if answers:
+            self.answered_at = now
+        for answer in answers:
+            self._answer(answer)
 
     def _answer(self, answer: Answer) -> None:
         context = self.contexts.pop(answer.stream_id, None)
@@ -580,10 +641,10 @@ class H2Client:
             self.session.out = bytearray(out)  # whatever is not written stays first in line
             try:
                 sent = self.sock.send(out)
-            except (BlockingIOError, ssl.SSLWantWriteError):
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 sent = 0
-            except ssl.SSLWantReadError:
-                sent = 0
+            except OSError as exc:  # reset or broken pipe: every call on it ends UNAVAILABLE, never raised
+                return self.drop(f"{type(exc).__name__}: {exc}")
             del self.session.out[:sent]
         self._watch(_R | _W if self.session.out else _R)
 
