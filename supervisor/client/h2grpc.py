@@ -18,9 +18,9 @@ needs:
 - Anything the peer does wrong (garbage, an oversized frame or header list, a header block that does not
   decode or is interrupted, a pushed stream we refused, bad SETTINGS or window sizes, a flood of frames that
   finish no call, more unread output than MAX_UNSENT because it stopped reading) raises `ProtocolError`:
-  the connection is dropped and every call on it answers UNAVAILABLE. A message over MAX_MESSAGE ends its
-  call with RESOURCE_EXHAUSTED; a compressed or malformed message, or an answer without a grpc-status,
-  ends it with INTERNAL; an HTTP error status with UNAVAILABLE (502-504) or UNKNOWN.
+  the connection is dropped and every call on it answers UNAVAILABLE. A message over MAX_MESSAGE, a
+  compressed or malformed message, or an answer without a grpc-status ends its call with INTERNAL; an
+  HTTP error status with UNAVAILABLE (502-504) or UNKNOWN.
 - A connection that was told GOAWAY, or has used up its stream ids, takes no new call: `H2Client.spent()`
   tells its owner to open another one while the calls still out on it finish.
 """
@@ -367,7 +367,7 @@ class H2Session:
             self.calls.pop(sid)
             self._closed(sid, call)
             self.out += frame(RST_STREAM, 0, sid, struct.pack(">I", 0x8))
-            done.append(Answer(sid, RESOURCE_EXHAUSTED, f"an answer over {MAX_MESSAGE} bytes"))
+            done.append(Answer(sid, INTERNAL, f"an answer over {MAX_MESSAGE} bytes"))  # not a rate limit: a bad answer
             return
         if flags & END_STREAM:  # no trailers: not a gRPC answer
             self.calls.pop(sid)

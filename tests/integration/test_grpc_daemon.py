@@ -3,84 +3,21 @@ loop, as the parent drives it, against the real dev server's gRPC port. Outcomes
 
 from __future__ import annotations
 
-import os
-import selectors
 import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, free_port, parse_ts, wait_until
+from support.grpc_support import GrpcDriver as Driver
 from support.grpc_support import start_server
 
 from supervisor.client import rest as api
-from supervisor.client.grpc_transport import GrpcMissing, make_transport, parse_grpc_url, require_grpc, restore_ints
+from supervisor.client.grpc_transport import GrpcMissing, parse_grpc_url, require_grpc, restore_ints
 from supervisor.client.rest import Secret
 
 Q = "gq"
-
-
-class Driver:
-    """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
-
-    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None,
-                 client: str = "wire"):
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        os.set_blocking(self.w, False)
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.r, selectors.EVENT_READ, ("wake", None))
-        cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None,
-                              api_url=rest_url, grpc_client=client)
-        if mode == "unary-grpcio":  # unary calls through grpcio's channel instead of the loop's own connection
-            mode, cfg.grpc_client = "unary", "grpcio"
-        self.requests: list[tuple] = []
-        self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
-                                               mode=mode)
-        self.answers: dict = {}
-
-    def turn(self) -> None:
-        now = time.monotonic()
-        deadline = self.client.next_deadline()
-        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - now))
-        for key, mask in self.sel.select(wait):
-            kind, obj = key.data
-            if kind == "http":  # the REST fallback's sockets
-                self.client.on_ready(obj, mask, time.monotonic())
-                continue
-            try:
-                while os.read(self.r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        self.client.expire(time.monotonic())
-        for tag, result, error in self.client.done():
-            assert tag not in self.answers, f"two answers for {tag}"
-            self.answers[tag] = (result, error)
-
-    def run_until(self, predicate, timeout: float = 15.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.turn()
-
-    def call(self, tag, call, timeout: float = 15.0):
-        self.client.submit(tag, call)
-        self.run_until(lambda: tag in self.answers, timeout, f"the answer to {tag}")
-        return self.answers.pop(tag)
-
-    def ok(self, tag, call):
-        result, error = self.call(tag, call)
-        assert error is None, error
-        return result
-
-    def close(self) -> None:
-        self.client.close()
-        self.sel.close()
-        os.close(self.r)
-        os.close(self.w)
 
 
 @pytest.fixture
