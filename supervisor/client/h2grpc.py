@@ -28,6 +28,7 @@ needs:
 from __future__ import annotations
 
 import collections
+import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ from typing import Any
 from urllib.parse import unquote
 
 import hpack
+
+# hpack logs every header it decodes at DEBUG: a daemon run with --log-level DEBUG would print each answer's
+# headers several lines apiece, costing the loop more than the call
+logging.getLogger("hpack").setLevel(logging.WARNING)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 5, 6, 7, 8, 9
