@@ -179,3 +179,42 @@ def test_an_oversized_compressed_or_non_grpc_answer_ends_only_its_call():
     sid = s.start(PATH, b"x")
     got = s.receive(srv.headers(sid, [(":status", "200")]) + frame(DATA, END_STREAM, sid, grpc_message(b"")))
     assert [a.status for a in got] == [13]  # ended without a gRPC status
+
+
+def test_goaway_or_used_up_stream_ids_make_the_session_spent():
+    s = session()
+    assert not s.spent()
+    s.receive(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0)))
+    assert s.spent()
+    s = session()
+    s.next_id = 2 ** 31 + 1
+    assert s.spent()
+
+
+def test_a_flood_of_frames_that_finish_nothing_is_a_protocol_error_but_answers_reset_the_count():
+    s, srv = session(), Server()
+    sid = s.start(PATH, b"x")
+    s.receive(frame(PING, 0, 0, b"12345678") * 9000 + srv.ok(sid, b"done"))  # an answer: the count starts again
+    s.data_to_send()
+    s.start(PATH, b"y")
+    s.receive(frame(PING, 0, 0, b"12345678") * 9000)
+    with pytest.raises(ProtocolError, match="flood"):
+        s.receive(frame(PING, 0, 0, b"12345678") * 2000)
+
+
+def test_a_peer_that_stops_reading_is_given_up():
+    s = session()
+    s.receive(frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 2 ** 31 - 1))
+              + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 2 ** 31 - 1 - 65535)))
+    s.start(PATH, b"z" * (17 * 1024 * 1024))  # windows wide open: the whole body waits in our output
+    with pytest.raises(ProtocolError, match="does not read"):
+        s.receive(frame(PING, 0, 0, b"12345678"))
+
+
+def test_pushed_streams_and_bad_settings_are_protocol_errors():
+    for data, words in [(frame(5, END_HEADERS, 1, b"\0\0\0\2"), "pushed"),
+                        (frame(SETTINGS, 0, 0, struct.pack(">HI", 5, 1 << 24)), "MAX_FRAME_SIZE"),
+                        (frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 31)), "INITIAL_WINDOW_SIZE"),
+                        (frame(PING, 0, 1, b"12345678"), "PING")]:
+        with pytest.raises(ProtocolError, match=words):
+            session().receive(data)
