@@ -87,6 +87,7 @@ WIRE_PATHS = {"claim": ("/spooled.v1.QueueService/Dequeue", "DequeueResponse"),
               "register": ("/spooled.v1.WorkerService/Register", "RegisterWorkerResponse"),
               "heartbeat": ("/spooled.v1.WorkerService/Heartbeat", "HeartbeatResponse")}
 ENGINES = ("wire", "grpcio")
+RESEND_UNPROCESSED = 3  # times a call the server never acted on is sent again before its error is the answer
 MAX_DETAILS = 500  # characters of a server's grpc-message kept in an error
 # a settlement ending so says nothing of what became of it (a reset, a proxy's error): it may have been applied
 MAYBE_APPLIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN", "CANCELLED", "DATA_LOSS"})
@@ -493,6 +494,9 @@ class _WireCall:
     deadline: float
     answer_type: str
     handle: Any = None
+    path: str = ""
+    body: bytes = b""
+    resent: int = 0  # times sent again after the server said it never acted on it
     client: Any = None  # the H2Client it went out on
 
 
@@ -625,8 +629,20 @@ class LoopGrpc:
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
     def _submit_wire(self, tag: Any, call: GrpcCall, now: float) -> None:
+        message: Any = call.message
+        if call.kind == "claim":
+            message.batch_size = call.count
+        path, answer_type = WIRE_PATHS[call.kind]
+        ctx = _WireCall(tag, call, now, now + self.api.timeout, answer_type, path=path,
+                        body=message.SerializeToString())
+        self._send_wire(ctx)
+        self._finish_wire()
+
+    def _send_wire(self, ctx: _WireCall) -> None:
+        """Put a call on the current connection: a new one when there is none, or when the current one is
+        spent (GOAWAY, its stream ids used up) while calls still out on it finish there."""
         if self.wire is not None and self.wire.spent() and self.wire.contexts:
-            self.wire_retiring.append(self.wire)  # its calls finish there; new ones go on a new connection
+            self.wire_retiring.append(self.wire)
             self.wire = None
         if self.wire is None:
             from supervisor.client.h2grpc import H2Client
@@ -634,19 +650,13 @@ class LoopGrpc:
             api = self.api
             self.wire = H2Client(self.sel, self._addresses(), api.target, api.host, api.wire_tls(),
                                  lambda: api.metadata, f"spooled-supervisor/{__version__}")
-        message: Any = call.message
-        if call.kind == "claim":
-            message.batch_size = call.count
-        path, answer_type = WIRE_PATHS[call.kind]
-        ctx = _WireCall(tag, call, now, now + self.api.timeout, answer_type)
-        handle = self.wire.call(path, message.SerializeToString(), ctx)
+        handle = self.wire.call(ctx.path, ctx.body, ctx)
         if handle is None:
             why = f"{self.api.base_url}: {self.wire.last_error}"
-            self._result(tag, call, now, error=Unavailable(0, "CONNECT", why))
-            return self._finish_wire()
+            self._result(ctx.tag, ctx.call, ctx.started, error=Unavailable(0, "CONNECT", why))
+            return
         ctx.handle, ctx.client = handle, self.wire
         self.wire_calls[id(ctx)] = ctx
-        self._finish_wire()
 
     def _addresses(self) -> Callable[[], list | None]:
         host, _, port = self.api.target.rpartition(":")
@@ -654,9 +664,15 @@ class LoopGrpc:
 
     def _finish_wire(self) -> None:
         """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines); close a
-        retiring connection once its last call is answered."""
+        retiring connection once its last call is answered. A call sent again may be answered at once (its
+        connection broke): those answers are taken too, a bounded number of rounds."""
+        for _ in range(RESEND_UNPROCESSED + 2):
+            if not self._finish_wire_round():
+                return
+
+    def _finish_wire_round(self) -> bool:
         if self.wire is None:
-            return
+            return False
         taken: list[tuple[Any, Any]] = []
         for client in (self.wire, *self.wire_retiring):
             if client.answers:
@@ -669,6 +685,10 @@ class LoopGrpc:
         for ctx, _ in taken:
             self.wire_calls.pop(id(ctx), None)
         for ctx, answer in taken:
+            if answer.unprocessed and ctx.resent < RESEND_UNPROCESSED and not self._closed:
+                ctx.resent += 1  # the server never acted on it (a refused stream, GOAWAY): sent again at once
+                self._send_wire(ctx)
+                continue
             code = _status_code(answer.status)
             if answer.status != 0:
                 # what the server said, as a server said it: never the key, never more than a line's worth
@@ -682,6 +702,7 @@ class LoopGrpc:
                                  f"an answer that is not a {ctx.answer_type}", None)
                 continue
             self._unary_done(ctx.tag, ctx.call, ctx.started, None, "", reply)
+        return bool(taken)
 
     def done(self) -> list[tuple]:
         self._drain(time.monotonic())

@@ -74,6 +74,7 @@ class Answer:
     status: int
     details: str = ""
     message: bytes | None = None
+    unprocessed: bool = False  # the server says it never acted on the call (REFUSED_STREAM, GOAWAY): send it again
 
 
 @dataclass
@@ -191,7 +192,10 @@ class H2Session:
         return block
 
     def _send_ready(self) -> None:
-        while self.waiting and self.open < self.max_streams and not self.goaway:
+        # a tenth of the peer's stream limit is left free: a server counts a stream open a little longer
+        # than its client does (until its own side is torn down) and refuses streams past its limit
+        limit = self.max_streams - self.max_streams // 10
+        while self.waiting and self.open < limit and not self.goaway:
             sid = self.waiting.popleft()
             call = self.calls[sid]
             call.started = True
@@ -327,14 +331,15 @@ class H2Session:
             code = int.from_bytes(payload[:4], "big") if len(payload) >= 4 else 0
             self._closed(sid, call)
             done.append(Answer(sid, call.status if call.status is not None else _RST_STATUS.get(code, INTERNAL),
-                               call.details or f"the server reset the call (HTTP/2 error {code})"))
+                               call.details or f"the server reset the call (HTTP/2 error {code})",
+                               unprocessed=code == 0x7 and not call.headers_seen))
 
     def _on_goaway(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF if len(payload) >= 4 else 0
         self.goaway = True
         for other in [s for s in self.calls if s > last]:
             self._closed(other, self.calls.pop(other))
-            done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)"))
+            done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)", unprocessed=True))
 
     def _unpad(self, flags: int, payload: bytes) -> bytes:
         if not flags & PADDED:

@@ -95,7 +95,7 @@ def test_a_well_behaved_answer_and_what_the_client_sent(peer_of):
     assert (got.queue_name, got.worker_id, got.batch_size, got.lease_duration_secs) == (Q, "w1", 3, 30)
 
 
-def test_goaway_ends_only_the_calls_it_did_not_take_and_the_next_goes_on_a_new_connection(peer_of):
+def test_goaway_calls_it_did_not_take_are_sent_again_on_a_new_connection(peer_of):
     held: list[int] = []
 
     def answer(conn: Conn, sid: int, fields: dict, body: bytes) -> None:
@@ -109,12 +109,13 @@ def test_goaway_ends_only_the_calls_it_did_not_take_and_the_next_goes_on_a_new_c
     d.client.submit("a", d.api.claim_call(Q, "w1", 1, 30))
     d.client.submit("b", d.api.claim_call(Q, "w1", 1, 30))
     d.run_until(lambda: {"a", "b"} <= set(d.answers), what="both answers")
-    (jobs, err_a), (none, err_b) = d.answers.pop("a"), d.answers.pop("b")
+    (jobs, err_a), (jobs_b, err_b) = d.answers.pop("a"), d.answers.pop("b")
     assert err_a is None and [j["id"] for j in jobs] == ["taken"]
-    assert isinstance(err_b, api.Unavailable) and "not processed" in str(err_b) and none is None
+    assert err_b is None and [j["id"] for j in jobs_b] == ["fresh"]  # never processed: sent again, once
+    assert [(c, pb.DequeueRequest.FromString(b).queue_name) for c, _, _, b in peer.requests()] == \
+        [(0, Q), (0, Q), (1, Q)]
     jobs, err = claim(d)
     assert err is None and [j["id"] for j in jobs] == ["fresh"] and len(peer.conns) == 2
-    assert_fine(d, err_b)
 
 
 def test_after_goaway_a_call_still_out_finishes_on_the_old_connection_while_new_ones_use_a_new_one(peer_of):
@@ -139,14 +140,24 @@ def test_after_goaway_a_call_still_out_finishes_on_the_old_connection_while_new_
     d.run_until(lambda: not d.client.wire_retiring, what="the old connection closed once its call ended")
 
 
-@pytest.mark.parametrize("code, kind", [(0x7, api.Unavailable), (0x8, api.Unavailable), (0x2, api.Unavailable),
-                                        (0xB, api.RateLimited)])
+@pytest.mark.parametrize("code, kind", [(0x8, api.Unavailable), (0x2, api.Unavailable), (0xB, api.RateLimited)])
 def test_a_reset_call_is_a_typed_error_and_the_connection_goes_on(peer_of, code, kind):
     peer, d = peer_of(first_ok_then(lambda conn, sid: conn.send(conn.reset(sid, code))))
     _, err = claim(d)
     assert isinstance(err, kind), err
     jobs, err2 = claim(d, "again")
     assert err2 is None and jobs and len(peer.conns) == 1  # a reset ends the call, not the connection
+    assert_fine(d, err)
+
+
+def test_a_refused_stream_is_sent_again_and_a_server_that_always_refuses_is_an_error(peer_of):
+    peer, d = peer_of(first_ok_then(lambda conn, sid: conn.send(conn.reset(sid, 0x7))))
+    jobs, err = claim(d)
+    assert err is None and jobs and len(peer.requests()) == 2  # refused (never processed), sent again: answered
+    peer.answer = lambda conn, sid, f, b: conn.send(conn.reset(sid, 0x7))
+    _, err = claim(d, "always")
+    assert isinstance(err, api.Unavailable) and "HTTP/2 error 7" in str(err)
+    assert len(peer.requests()) == 2 + 4  # the first try and three more, then the error is the answer
     assert_fine(d, err)
 
 
