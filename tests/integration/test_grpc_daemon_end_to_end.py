@@ -187,3 +187,29 @@ def test_connections_cut_mid_frame_lose_no_job_and_run_none_twice(server):
     finally:
         daemon.stop()
         proxy.close()
+
+
+def _requests(port: int) -> float:
+    from conftest import scrape
+
+    return sum(v for (name, _), v in scrape(port).items() if name == "spooled_supervisor_api_requests_total")
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_grpc_daemon_costs_no_more_requests_than_an_idle_rest_one(server, daemons):
+    """Both idle on an empty queue for the same 12 s: gRPC's requests (its own calls and the REST events
+    stream it listens on) are no more than REST's."""
+    rest = Daemon(server, "idle-rest", procs=2, worker_id="idle-rest", args=["--health-port", "0"]).start()
+    try:
+        grpc_d = daemons("idle-grpc", procs=2, worker_id="idle-grpc", args=["--health-port", "0"])
+        rest.wait_ready()
+        grpc_d.wait_ready()
+        ports = rest.health_port, grpc_d.health_port
+        wait_until(lambda: all(_requests(p) >= 2 for p in ports), timeout=15, what="registered and a first claim")
+        before = [_requests(p) for p in ports]
+        time.sleep(12.0)  # the window measured, not a wait for something
+        spent = [_requests(p) - b for p, b in zip(ports, before, strict=True)]
+        assert spent[1] <= spent[0] + 1, f"idle for 12 s: REST made {spent[0]:g} requests, gRPC {spent[1]:g}"
+        assert spent[0] <= 6, spent  # idle means idle: a heartbeat every 10 s, no polling
+    finally:
+        rest.stop()
