@@ -450,7 +450,11 @@ class Daemon:
         return self
 
     def wait_ready(self, timeout: float = 20.0) -> Daemon:
-        self.out.wait_for(r'"msg":"ready"', timeout)
+        """Until the daemon is ready with every child up (`ready` comes with the first child up; `every child is
+        up` follows when the others came later)."""
+        found = self.out.wait_for(r'"msg":"ready".*"children":(\d+),"procs":(\d+)', timeout)
+        if int(found.group(1)) < int(found.group(2)):
+            self.out.wait_for(r'"msg":"every child is up"', timeout)
         return self
 
     @property

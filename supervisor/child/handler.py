@@ -107,11 +107,28 @@ def load_handler(spec: str) -> Handler:
         raise HandlerImportError(SHARE_HINT)
     obj: Any = module
     for part in attr.split("."):
-        obj = getattr(obj, part)
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise HandlerSpecError(missing_attribute(spec, module, obj, part)) from None
     handler = _as_handler(spec, module, obj)
     if _start_called:
         handler.about["start_called"] = list(_start_called)
     return handler
+
+
+def missing_attribute(spec: str, module: Any, owner: Any, name: str) -> str:
+    """One line for a --handler whose attribute is not there: where it was looked for, and (for a typo) the
+    functions the module defines."""
+    where = getattr(module, "__file__", None) or module.__name__
+    what = "module" if owner is module else type(owner).__name__
+    line = f"--handler {spec}: {what} {getattr(owner, '__name__', '')} ({where}) has no attribute {name}"
+    if owner is module:
+        found = sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v)
+                       and getattr(v, "__module__", None) == module.__name__)
+        if found:
+            line += "; it has: " + ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
+    return line
 
 
 def _as_handler(spec: str, module: Any, obj: Any) -> Handler:

@@ -10,7 +10,9 @@ Each hook gets the SDK's own event record (`spooled.worker.types.*EventData`), w
   job:failed            or its failure (will_retry as the SDK computes it: retry_count < max_retries),
   job:lease_lost        instead of either, when the server refused the outcome for a lost lease or the daemon
                         stopped the job because its lease was lost; one of the three per job, never two.
-  error                 when the server refused a report for another reason (the SDK reports those there).
+  error                 when the server refused a report for another reason (the SDK reports those there): a
+                        refused result (then job:failed once the failure sent instead is accepted) or a refused
+                        failure report. Not for a handler's exception: that is job:failed, as in the SDK.
 
 The parent learns how a job settled (the server's answer to its report, or a lost lease) after the child has
 moved on, and tells it (a `settled` frame); the child runs these hooks between jobs, never during one: after
@@ -98,6 +100,8 @@ class Hooks:
                 self.awaiting[job_id] = (running, None)
             remembered = self.awaiting.pop(job_id, None)
             if remembered is not None:
+                if msg.get("as") == "refused":  # the result was refused; the failure sent instead settles later
+                    self.awaiting[job_id] = (remembered[0], None)
                 self._settled(msg, *remembered)
 
     def _settled(self, msg: dict, job: dict, result: Any) -> None:
@@ -115,7 +119,7 @@ class Hooks:
             self.emit("job:lease_lost", lambda t: t.JobLeaseLostEventData(
                 job_id=job_id, queue_name=queue, lease_id=job.get("lease_id"), operation=operation,
                 error=_lease_error(text)))
-        elif settled_as == "error":
+        elif settled_as in ("error", "refused"):
             self.emit("error", lambda t: t.ErrorEventData(error=ReportRefused(text)))
 
     # ---------------------------------------------------------------- calling them

@@ -85,6 +85,14 @@ def install() -> None:
     logging.basicConfig = _basic_config_during_import
 
 
+def rekey() -> None:
+    """Scrub the key this process holds now: a child of a preloading forkserver inherits the daemon's handler
+    built where no key was, and gets the shared key (--share-api-key) only after."""
+    from supervisor.ops.logs import set_secret
+
+    set_secret(_ours, os.environ.get(KEY_VARIABLE, ""))
+
+
 def _basic_config_during_import(**kwargs: Any) -> None:
     """`logging.basicConfig` while the handler's module is imported: the module's own configuration wins."""
     if _ours is not None and logging.getLogger().handlers == [_ours]:

@@ -249,6 +249,7 @@ def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str
     os.environ.update(env or {})
     lifecycle.forget_inherited_exits()
     logs.install()  # before the import: the module's import-time lines come out as the daemon's
+    logs.rekey()  # the key shared with the handler, which an inherited handler was built without
     _shared_key = (env or {}).get(KEY_VARIABLE, "")
     try:
         handler = load_handler(handler_spec)
@@ -350,8 +351,21 @@ def run_then_next(sock: socket.socket, handler, job: dict, held: dict[str, dict]
         set_title(f"{title} idle")
     going = _write(sock, [*out, reply]) and not stop
     # Nothing a job started outlives it: what it left running is stopped before the next job begins.
-    group.stop_processes(started.started(_not_mine), _group_grace)
+    group.stop_processes(started.started(_not_mine | _multiprocessing_helpers()), _group_grace)
     return following, going
+
+
+def _multiprocessing_helpers() -> frozenset[int]:
+    """multiprocessing's own servers a job may have started lazily (the resource tracker, the forkserver):
+    they serve the child's later jobs too, and multiprocessing waits for them itself at the child's exit."""
+    found = set()
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    server = sys.modules.get("multiprocessing.forkserver")
+    for pid in (getattr(getattr(tracker, "_resource_tracker", None), "_pid", None),
+                getattr(getattr(server, "_forkserver", None), "_forkserver_pid", None)):
+        if isinstance(pid, int) and pid > 0:
+            found.add(pid)
+    return frozenset(found)
 
 
 def _socket_inode(sock: socket.socket) -> int | None:

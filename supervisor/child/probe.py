@@ -4,13 +4,17 @@ With INIT (--child-init's module:function) it also imports that and checks it is
 it (`init_error`: one line, when it is not usable).
 
 The daemon runs this when --queue is not given, to read the queue from the handler's SDK worker, and when
---child-init is set: the daemon itself never imports user code.
+--child-init is set; `dev --watch` runs it before each reload. The daemon itself never imports user code:
+`ask` is its side of the exchange.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import subprocess
 import sys
+from dataclasses import dataclass
 
 import orjson
 
@@ -18,6 +22,44 @@ from supervisor.child import logs
 from supervisor.child.handler import load_handler
 from supervisor.child.lifecycle import init_problem
 from supervisor.child.main import BOOT_ERROR_EXIT, boot_error_text
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one probe gave back: its answer (None when it wrote none, or not JSON), and why there is none."""
+    answer: dict | None
+    late: bool  # no answer within the timeout: the probe was killed
+    returncode: int | None
+
+
+def ask(handler: str, env: dict[str, str], timeout: float, *, init: str | None = None, cwd: str | None = None,
+        quiet: bool = False) -> Reply:
+    """Run the probe on `handler` (and `init`, --child-init's spec) in a fresh interpreter and read its answer.
+    `quiet` sends the probe's own output to /dev/null (a reload in the background), else it goes where ours does."""
+    read_end, write_end = os.pipe()
+    out = subprocess.DEVNULL if quiet else None
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", handler, str(write_end),
+                                 *([init] if init else [])],
+                                pass_fds=(write_end,), env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=out)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as answers:
+        poller = select.poll()  # not select(): a daemon with many children holds descriptors above 1024
+        poller.register(answers, select.POLLIN)
+        ready = bool(poller.poll(timeout * 1000))
+        data = answers.read() if ready else b""
+    try:
+        proc.wait(timeout=max(1.0, timeout / 10) if ready else 0.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    try:
+        answer = orjson.loads(data) if data else None
+    except orjson.JSONDecodeError:
+        answer = None
+    return Reply(answer if isinstance(answer, dict) else None, late=not ready, returncode=proc.returncode)
 
 
 def main(argv: list[str]) -> int:

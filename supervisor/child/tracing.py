@@ -14,10 +14,13 @@ whose payload is an object carrying a W3C trace context under TRACE_KEY ({"trace
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from supervisor.child.logs import KEY_VARIABLE
 
 TRACE_KEY = "_spooled_trace"  # the payload's key holding the producer's W3C trace context
 log = logging.getLogger("supervisor.child")
@@ -56,7 +59,7 @@ class JobTracer:
                 error = seen.get("error")
                 text = str(reply.get("error") or "")
                 if isinstance(error, BaseException):
-                    span.record_exception(error)
+                    span.add_event("exception", exception_attributes(error))
                 span.set_status(self.status(self.error_code, text.split("\n", 1)[0][:300]))
             return reply
 
@@ -73,6 +76,23 @@ class JobTracer:
         log.debug("the job's trace context is malformed; its span starts a new trace",
                   extra={"fields": {"job_id": job["id"], "trace_context": repr(carrier)[:200]}})
         return None
+
+
+def exception_attributes(error: BaseException) -> dict[str, str]:
+    """OpenTelemetry's exception event, scrubbed of the key shared with the handler (`record_exception` would
+    send the message and traceback as they are, and a span exporter is one more place a line goes)."""
+    import traceback
+
+    from supervisor.client.calls import scrub_secret
+
+    key = os.environ.get(KEY_VARIABLE, "")
+
+    def clean(text: str) -> str:
+        return scrub_secret(text, key) if len(key) >= 10 else text
+
+    return {"exception.type": type(error).__name__,
+            "exception.message": clean(str(error)),
+            "exception.stacktrace": clean("".join(traceback.format_exception(error)))}
 
 
 def job_tracer(worker_id: str) -> JobTracer | None:

@@ -24,8 +24,9 @@ for a held job back: the child answers `dropped` if it had not started it (else 
 started has already gone out).
 
 `settled` tells a child that said `wants_settled` (its SDK worker has hooks for those events) how a job it
-ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); the child acts on
-it between jobs (supervisor.child.hooks).
+ran settled: `as` completed, failed, lease_lost, or error (the API refused the report); `refused` (the API
+refused the result, and the failure sent instead settles in a later frame) is not final. The child acts on
+them between jobs (supervisor.child.hooks).
 """
 
 from __future__ import annotations

@@ -106,6 +106,15 @@ def write_state(path: Path, state: dict) -> None:
     os.replace(tmp, path)
 
 
+def _own_file(path: Path) -> bool:
+    """Whether `path` belongs to this user and no one else may write it."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
 def find_running(start: str | None = None) -> dict | None:
     """The state of a `dev` running in `start` (default: the current folder) or the nearest folder above it,
     or None. A state file whose process is gone is ignored."""
@@ -116,6 +125,8 @@ def find_running(start: str | None = None) -> dict | None:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
+        if not _own_file(path):
+            continue  # another user's (or a writable-by-all) state could send this user's jobs anywhere
         pid = state.get("pid") if isinstance(state, dict) else None
         try:
             os.kill(int(pid), 0)  # type: ignore[arg-type]
@@ -186,6 +197,8 @@ class Dev:
             raise Refused(f"--handler/--queue: {exc}") from None
         if not 1 <= a.procs <= 1000:
             raise Refused("--procs must be 1-1000")
+        if not 0 <= a.port <= 65535:
+            raise Refused(f"--port must be 0-65535 (0: any free port), got {a.port}")
         if a.solo and a.watch:
             raise Refused("--solo runs the handler in this process and cannot reload it: drop --watch")
         for p in a.watch_path:

@@ -5,19 +5,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import select
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from logging import ERROR, INFO, WARNING
 from urllib.parse import quote
 
-import orjson
-
 from supervisor import exitcodes
-from supervisor.child import dumpable
+from supervisor.child import dumpable, probe
 from supervisor.child import logs as child_logs
 from supervisor.child.forkservers import start_forkserver
 from supervisor.child.lifecycle import CHILD_INIT_ENV, EXIT_GRACE_ENV
@@ -244,28 +240,12 @@ def take_queue_from_handler(cfg: Config) -> Config:
 def probe_handler(cfg: Config, timeout: float = PROBE_TIMEOUT) -> dict:
     """Import the handler in a fresh interpreter with the children's environment; return what it says
     about the handler's SDK worker ({} for a plain function). Raises HandlerRefused."""
-    env = probe_env(cfg)
-    read_end, write_end = os.pipe()
-    try:
-        init = [cfg.child_init] if cfg.child_init else []
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", cfg.handler, str(write_end), *init],
-                                pass_fds=(write_end,), env=env, stdin=subprocess.DEVNULL)
-    finally:
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as answers:
-        ready, _, _ = select.select([answers], [], [], timeout)
-        data = answers.read() if ready else b""
-    try:
-        proc.wait(timeout=max(1.0, timeout / 10) if ready else 0.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        if not data:
-            raise HandlerRefused(f"importing the handler took longer than {timeout:g} s") from None
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        raise HandlerRefused(f"the process importing the handler died ({death(proc.returncode)})") from None
+    reply = probe.ask(cfg.handler, probe_env(cfg), timeout, init=cfg.child_init)
+    answer = reply.answer
+    if answer is None:
+        if reply.late:
+            raise HandlerRefused(f"importing the handler took longer than {timeout:g} s")
+        raise HandlerRefused(f"the process importing the handler died ({death(reply.returncode)})")
     if "init_error" in answer:
         raise ChildInitRefused(answer["init_error"])
     if "error" in answer:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import select
-import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import orjson
+from supervisor.child import probe as probe_module
 
 PROBE_TIMEOUT = 60.0
 IGNORED_DIRS = {".spooled", ".venv", "venv", ".git", "__pycache__", "node_modules", ".mypy_cache", ".ruff_cache",
@@ -58,35 +56,27 @@ def probe(handler: str, env: dict[str, str], cwd: str | None = None, timeout: fl
 def probe_about(handler: str, env: dict[str, str], cwd: str | None = None,
                 timeout: float = PROBE_TIMEOUT) -> tuple[str | None, dict]:
     """(None, what the probe says of the handler's SDK worker) if `handler` imports, else (the error, {})."""
-    read_end, write_end = os.pipe()
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor.child.probe", handler, str(write_end)],
-                                pass_fds=(write_end,), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    finally:
-        os.close(write_end)
-    with os.fdopen(read_end, "rb") as answers:
-        ready, _, _ = select.select([answers], [], [], timeout)
-        data = answers.read() if ready else b""
-    try:
-        proc.wait(timeout=5.0 if ready else 0.0)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    if not data:
-        return (f"importing {handler} took longer than {timeout:g} s" if not ready else
-                f"the process importing {handler} died (exit code {proc.returncode})"), {}
-    try:
-        answer = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return f"the process importing {handler} answered badly", {}
-    error = answer.get("error")
-    return (str(error), {}) if error else (None, answer.get("about") or {})
+    reply = probe_module.ask(handler, env, timeout, cwd=cwd, quiet=True)
+    if reply.answer is None:
+        if reply.late:
+            return f"importing {handler} took longer than {timeout:g} s", {}
+        return f"the process importing {handler} died or answered badly (exit code {reply.returncode})", {}
+    error = reply.answer.get("error")
+    return (str(error), {}) if error else (None, reply.answer.get("about") or {})
 
 
-def _python_file(path: str) -> bool:
-    parts = Path(path).parts
-    return path.endswith((".py", ".pyi")) and not any(p in IGNORED_DIRS for p in parts)
+def _python_file(path: str, roots: Iterable[Path]) -> bool:
+    """A Python source under one of `roots`, not inside an ignored folder below that root (the root itself
+    may lie in one: a package installed in .venv, a project in a folder named venv)."""
+    if not path.endswith((".py", ".pyi")):
+        return False
+    for root in roots:
+        try:
+            below = Path(path).relative_to(root).parts[:-1]
+        except ValueError:
+            continue
+        return not any(p in IGNORED_DIRS for p in below)
+    return not any(p in IGNORED_DIRS for p in Path(path).parts[:-1])
 
 
 def changes(roots: list[tuple[Path, bool]], stop: threading.Event) -> Iterable[set[str]]:
@@ -103,16 +93,17 @@ def changes(roots: list[tuple[Path, bool]], stop: threading.Event) -> Iterable[s
     if len(by_mode) == 1:
         recursive, paths = next(iter(by_mode.items()))
         for batch in watchfiles.watch(*paths, recursive=recursive, stop_event=stop, debounce=300, step=100,
-                                      watch_filter=lambda _change, p: _python_file(p), raise_interrupt=False,
+                                      watch_filter=lambda _change, p: _python_file(p, paths), raise_interrupt=False,
                                       ignore_permission_denied=True):
             yield {p for _change, p in batch}
         return
     # a module's folder (its own files only) and extra paths (all below them)
     flat = {str(p) for p in by_mode[False]}
     deep = [str(p) + os.sep for p in by_mode.get(True, [])]
+    everything = sorted([*by_mode[False], *by_mode.get(True, [])], key=lambda p: -len(p.parts))  # deepest first
 
     def wanted(_change: object, p: str) -> bool:
-        return _python_file(p) and (str(Path(p).parent) in flat or any(p.startswith(d) for d in deep))
+        return _python_file(p, everything) and (str(Path(p).parent) in flat or any(p.startswith(d) for d in deep))
 
     for batch in watchfiles.watch(*by_mode[False], *by_mode.get(True, []), recursive=True, stop_event=stop,
                                   debounce=300, step=100, watch_filter=wanted, raise_interrupt=False,

@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("dev-server", description="Serve the Spooled REST API from SQLite, for development and tests.",
                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    def add(flag, type_, default, help_, env=None):
+    def add(flag, type_, default, help_, env=None, secret=False):
+        """A flag that also reads SPOOLED_DEV_<NAME> (and `env`); a `secret` one's value is never shown in --help."""
         name = flag.lstrip("-").replace("-", "_")
         raw = os.environ.get(env) if env else None
         raw = raw if raw is not None else _env(name)
@@ -95,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
             try:
                 default = type_(raw)
             except (ValueError, argparse.ArgumentTypeError) as e:
-                p.error(f"environment value for {flag} is invalid ({raw!r}): {e}")
+                p.error(f"environment value for {flag} is invalid ({'the value is not shown' if secret else repr(raw)})"
+                        f": {e}")
+        shown = "; set in the environment (not shown)" if secret else f"; default {default}"
         p.add_argument(flag, type=type_, default=default, help=help_ + f" (env SPOOLED_DEV_{name.upper()})"
-                       + (f" or {env}" if env else "") + (f"; default {default}" if default is not None else ""))
+                       + (f" or {env}" if env else "") + (shown if default is not None else ""))
 
     add("--host", str, "127.0.0.1", "interface to listen on")
     add("--port", int, 8787, "port; 0 picks a free one")
@@ -111,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--key-file", str, None, "write the API key in use to this file (mode 0600) once serving, for scripts "
         "and tests; the start line never shows a key given to the server")
     add("--api-key", str, None, "API key of the default organization; generated sp_test_... and stored if absent",
-        env="SPOOLED_API_KEY")
+        env="SPOOLED_API_KEY", secret=True)
     add("--lease-duration", _pos_int, 30, "default job lease in seconds (claim, job heartbeat, register response)")
     add("--heartbeat-interval", _pos_int, 10, "heartbeat_interval_secs in the register response")
     add("--lease-sweep-interval", _pos_float, 1.0, "seconds between expired-lease sweeps")
@@ -185,15 +188,15 @@ def _stop_event_on_signals() -> threading.Event:
     return stop
 
 
-def key_source(argv: list[str] | None, environ=os.environ) -> str | None:
-    """Where the key given to the server came from (the flag, then the variables), or None: it made its own."""
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
-        return "--api-key"
-    for name in ("SPOOLED_API_KEY", "SPOOLED_DEV_API_KEY"):
-        if environ.get(name):
+def key_source(given: str | None, environ=os.environ) -> str | None:
+    """Where the key given to the server came from (a variable holding that very key, else the flag, however
+    argparse let it be spelled: `--api-k`, `--api-key=`), or None when none was given: it made its own."""
+    if not given:
+        return None
+    for name in ("SPOOLED_DEV_API_KEY", "SPOOLED_API_KEY"):
+        if environ.get(name) == given:
             return name
-    return None
+    return "--api-key"
 
 
 def key_line(key: str, source: str | None) -> str:
@@ -226,7 +229,7 @@ def _announce(args: argparse.Namespace, key: str, host: str, port: int, grpc_por
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    source = key_source(argv) if args.api_key else None
+    source = key_source(args.api_key)
     opened = _open_store(args)
     if opened is None:
         return 2

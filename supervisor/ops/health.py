@@ -247,6 +247,7 @@ class _Connection:
     inbuf: bytearray
     outbuf: memoryview | None = None
     close_after: bool = False
+    pipelined: bool = False  # an answer went out while inbuf held more: answer it on the next turn
 
 
 class HealthServer:
@@ -314,14 +315,18 @@ class HealthServer:
                 wait = SERVE_TICK
                 if conns:
                     wait = max(0.0, min(wait, min(c.deadline for c in conns.values()) - now))
-                for key, _mask in sel.select(wait):
+                # a connection whose buffer still holds a whole pipelined request: one answer each per turn
+                backlog = [c for c in conns.values() if c.pipelined]
+                for key, _mask in sel.select(0.0 if backlog else wait):
                     conn = key.data
                     if conn is None:
                         self._accept(listener, sel, conns)
-                    elif conn.outbuf is not None:
-                        self._write(conn, sel, conns)
                     else:
-                        self._read(conn, sel, conns)
+                        self._guarded(self._write if conn.outbuf is not None else self._read, conn, sel, conns)
+                for conn in backlog:
+                    conn.pipelined = False
+                    if conns.get(conn.sock.fileno()) is conn and conn.outbuf is None:
+                        self._guarded(self._answer_next, conn, sel, conns)
                 now = time.monotonic()
                 for conn in [c for c in conns.values() if c.deadline <= now]:
                     self._close(conn, sel, conns)  # a request that did not come whole in time, or a reader that stalled
@@ -334,6 +339,15 @@ class HealthServer:
             sel.close()
             listener.close()
             self._open = 0
+
+    def _guarded(self, step: Callable[[_Connection, selectors.BaseSelector, dict[int, _Connection]], None],
+                 conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
+        """Run one step of one connection; what goes wrong there closes that connection, never the server."""
+        try:
+            step(conn, sel, conns)
+        except Exception as exc:  # noqa: BLE001 - one connection must not stop the health port
+            log.debug("health endpoint: connection dropped: %s", type(exc).__name__)
+            self._close(conn, sel, conns)
 
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -408,7 +422,7 @@ class HealthServer:
             return
         conn.deadline = time.monotonic() + REQUEST_TIMEOUT
         sel.modify(conn.sock, selectors.EVENT_READ, conn)
-        self._answer_next(conn, sel, conns)
+        conn.pipelined = bool(conn.inbuf)  # a request that came in behind this one is answered on the next turn
 
     @staticmethod
     def _close(conn: _Connection, sel: selectors.BaseSelector, conns: dict[int, _Connection]) -> None:

@@ -101,6 +101,14 @@ def scrub(text: str) -> str:
     return scrub_secret(text, _secret) if _secret else text
 
 
+def set_secret(handler: logging.Handler | None, secret: str) -> None:
+    """From now on scrub `secret` from `handler`'s lines (when it is ours) and from `scrub`'s texts."""
+    global _secret
+    _secret = secret
+    if isinstance(handler, ScrubbingHandler):
+        handler.forms = secret_forms(secret)
+
+
 def setup_logging(fmt: str = "auto", level: str = "INFO", secret: str = "", stream=None) -> None:
     """One handler on the root logger: JSON or text lines to `stream` (stderr), the secret scrubbed from each."""
     global _secret

@@ -110,6 +110,8 @@ class Arbiter:
         self.drain_code = exitcodes.OK  # the exit code once the drain ends
         self.drain_deadline: float | None = None
         self.announced_ready = False  # READY=1 sent
+        self.logged_ready = False  # the `ready` line written
+        self.ready_with = 0  # children up when it was
         self.reloads = 0
         self.reload_began: float | None = None  # the last SIGHUP, until every child is newer than it
         self.loop_errors = 0  # turns in a row that raised
@@ -533,11 +535,20 @@ class Arbiter:
         log_event(log, INFO, "supervisor stopped", exit_code=code)
 
     def announce_ready_if_up(self) -> None:
-        """READY=1 once registered with every child up (once)."""
-        if self.announced_ready or not self.membership.registered or not self.pool.all_up():
+        """The `ready` line once registered (a child is up: the first claim can be made, jobs or not), and
+        READY=1 once every child is up too, with an `every child is up` line when that came later (each once)."""
+        if not self.membership.registered:
+            return
+        up = sum(1 for c in self.pool.children.values() if not c.starting)
+        if not self.logged_ready:
+            self.logged_ready = True
+            log_event(log, INFO, "ready", worker_id=self.cfg.worker_id, children=up, procs=self.pool.target)
+            self.ready_with = up
+        if self.announced_ready or not self.pool.all_up():
             return
         self.announced_ready = True
-        log_event(log, INFO, "ready", worker_id=self.cfg.worker_id, children=len(self.pool.children))
+        if up > self.ready_with:
+            log_event(log, INFO, "every child is up", children=up)
         self.hooks.ready(self.status_line())
 
     # ------------------------------------------------------------ heartbeat

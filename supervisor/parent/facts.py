@@ -70,7 +70,8 @@ class StopJob:
 @dataclass(frozen=True)
 class JobSettled:
     """`job_id` settled (`settled_as`: completed, failed, lease_lost, or error when the API refused its
-    report), told to the child `pid` that ran it: the SDK worker's hooks of that event run there."""
+    report; `refused` when it refused the result, which is then failed instead and settles again), told to the
+    child `pid` that ran it: the SDK worker's hooks of that event run there."""
 
     pid: int
     job_id: str

@@ -150,6 +150,7 @@ class Settling:
             self.inflight.replace_outcome(entry, Outcome(False, f"ResultRejected: the API refused this job's result: "
                                                                 f"{error}", "failed"))
             self._report(entry)
+            return tell_child(entry, "refused", str(error), out.verb)  # an `error` hook, then how the failure settles
         elif isinstance(error, api.Rejected):
             self.inflight.pop(entry.id)
             log_event(log, ERROR, "the API refused the failure report; job left to its lease", error=str(error),

@@ -148,3 +148,23 @@ def test_grpc_benchmark_tiny_run():
     assert len(kinds) == 5 * 2 * 2 and all(row["jobs_per_s"] > 0 for row in r["rows"])
     assert {row["transport"] for row in r["daemon_rows"]} == {"daemon-rest", "daemon-grpc", "daemon-grpc-grpcio"}
     assert all(row["parent_cpu_us"] > 0 for row in r["daemon_rows"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.exclusive
+def test_child_life_daemon_tiny_run(tmp_path):
+    """benchmarks/child_life_daemon.py: every row through the real daemon, all jobs completed, the figures there;
+    this checkout stands in for the baseline."""
+    out = tmp_path / "life.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "child_life_daemon.py"), "--baseline", str(ROOT), "--jobs", "30",
+           "--ms", "1", "--delays", "0", "--recycle", "10", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=230)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert [row["row"] for row in r["rows"]] == ["baseline", "baseline-recycle", "plain", "recycle", "flushed",
+                                                 "hooked", "traced"]
+    for row in r["rows"]:
+        assert row["completed"] == 30 and row["exit_code"] == 0 and row["jobs_per_s"] > 0 and row["over_pool"] > 0
+        assert row["parent_cpu_us_per_job"] >= 0 and row["children_cpu_us_per_job"] > 0
+    assert "children us/job" in proc.stdout

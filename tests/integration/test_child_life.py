@@ -1,6 +1,7 @@
 """A child's start and end under the real daemon: --child-init once in each child (after every fork under
---preload, each with a seed of its own), and on every graceful exit (a recycle, a reload, a drain) its atexit
-handlers and a buffered logging handler flushed before it leaves."""
+--preload, each with a seed of its own; one that raises in a later child retried on a back-off), and on every
+graceful exit (a recycle, a reload, a drain, a replacement for memory between jobs) its atexit handlers and a
+buffered logging handler flushed before it leaves."""
 
 from __future__ import annotations
 
@@ -79,3 +80,30 @@ def test_a_child_init_that_raises_is_the_childs_boot_error(dev_server, daemon_fa
     text = d.out.text()
     assert "--child-init tests.support.handlers_life:broken_init raised ConnectionError: the database is not " \
            "there" in text
+
+
+def test_a_child_init_that_raises_in_a_later_child_is_retried_with_back_off(dev_server, daemon_factory, tmp_path):
+    d = daemon_factory("later-init", handler=HANDLER, procs=1, env={"LIFE_OUT": str(tmp_path)},
+                       args=["--child-init", "tests.support.handlers_life:init_fails_while_blocked",
+                             "--max-jobs-per-child", "2"])
+    first = run_one(dev_server, "later-init")  # the first child came up; its replacement will not, for now
+    (tmp_path / "blocked").write_text("")
+    assert run_one(dev_server, "later-init")["pid"] == first["pid"]  # its second job: then it is recycled
+    failed = d.wait_events("child failed while starting; backing off", count=2, timeout=30)
+    assert [f["failures"] for f in failed[:2]] == [1, 2] and failed[1]["retry_in"] > failed[0]["retry_in"] * 0.5
+    assert "--child-init tests.support.handlers_life:init_fails_while_blocked raised ConnectionError: the " \
+           "database is not there yet" in failed[0]["error"]
+    assert d.proc.poll() is None  # a boot error after a child was up is retried, not fatal
+    (tmp_path / "blocked").unlink()
+    second = run_one(dev_server, "later-init")
+    assert second["pid"] != first["pid"]
+
+
+def test_a_child_replaced_for_its_memory_between_jobs_flushes_before_it_leaves(dev_server, daemon_factory, tmp_path):
+    d = daemon_factory("life-mem", handler=HANDLER, procs=1, env={"LIFE_OUT": str(tmp_path)},
+                       args=[*INIT, "--max-memory-per-child", "150"])
+    (job,) = wait_for_status(dev_server, [jid := dev_server.enqueue("life-mem", {"keep_mb": 200})])
+    pid = job["result"]["pid"]
+    d.wait_events("replacing child", reason="max_memory", pid=pid)  # idle, over the cap: replaced gracefully
+    assert f"job {jid}" in wait_until(lambda: flushed(tmp_path, pid), timeout=15)
+    assert run_one(dev_server, "life-mem")["pid"] != pid

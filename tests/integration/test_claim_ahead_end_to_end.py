@@ -169,7 +169,9 @@ def test_a_reserved_job_whose_lease_ran_out_never_reaches_a_child(dev_server, da
     wait_until(lambda: [e for msg in lost for e in d.events(msg) if e.get("job_id") == long_id], timeout=10,
                what="the long job's lost lease noticed")
     assert dev_server.request("POST", "/api/v1/queues/ca-lost/resume", json={}).status_code == 200
-    jobs = wait_for_status(dev_server, [long_id, wait_id], timeout=20)
+    # a resumed queue announces nothing on the events stream: the idle daemon finds it at its safety poll
+    # (15 s), then runs the 7 s job again
+    jobs = wait_for_status(dev_server, [long_id, wait_id], timeout=45)
     assert [j["retry_count"] for j in jobs] == [1, 1]
     lines = Path(runs).read_text().split()
     deliveries = list(zip(lines[::2], lines[1::2], strict=True))

@@ -22,7 +22,7 @@ def test_demo_runs_jobs_end_to_end_and_prints_a_summary():
     m = re.search(r"summary: (\d+) completed, (\d+) dead-lettered, (\d+) left of 20; daemon exit code 0", run.stdout)
     assert m and m.groups() == ("20", "0", "0"), run.stdout
     eff = float(re.search(r"efficiency ([0-9.]+)", run.stdout).group(1))
-    assert 0.1 < eff <= 1.05
+    assert 0 < eff <= 1.05  # a ratio to the cores: any busy host lowers it, nothing may raise it past 1
 
 
 @pytest.mark.timeout(60)

@@ -17,6 +17,7 @@ from conftest import wait_until
 from support.dev_session import DevSession, end_all, env
 
 HANDLER = '''\
+import os
 import time
 
 VERSION = {version}
@@ -27,6 +28,8 @@ def handle(ctx):
     if ctx.payload.get("fail"):
         raise ValueError("the payload asked to fail")
     time.sleep(ctx.payload.get("sleep", 0))
+    while ctx.payload.get("until") and not os.path.exists(ctx.payload["until"]):
+        time.sleep(0.05)  # held until the test lets it go
     return {{"version": VERSION, "echo": ctx.payload}}
 '''
 
@@ -87,7 +90,8 @@ def test_watch_reloads_on_save_keeps_a_running_job_on_old_code_and_survives_a_sy
     dev = DevSession(tmp_path, "--handler", "app:handle", "--queue", "work", "--port", "0", "--procs", "2",
                      "--watch").start()
     dev.wait_for("watching for code changes")
-    slow = dev.enqueue('{"sleep": 4}')
+    release = tmp_path / "release"
+    slow = dev.enqueue(json.dumps({"until": str(release)}))
     wait_until(lambda: dev.job(slow)["status"] == "processing", 20, what="the slow job to start")
     idle_before = {c["pid"] for c in children(dev) if c["state"] == "idle"}
 
@@ -96,6 +100,7 @@ def test_watch_reloads_on_save_keeps_a_running_job_on_old_code_and_survives_a_sy
     wait_until(lambda: any(c["state"] == "idle" and c["pid"] not in idle_before for c in children(dev)), 20,
                what="the idle child to be replaced")
     assert dev.job(slow)["status"] == "processing"
+    release.touch()
     fast = dev.enqueue('{"n": 2}')
     assert dev.settled(slow)["result"]["version"] == 1  # the running job finished on the old code
     assert dev.settled(fast)["result"]["version"] == 2  # the next one ran the new

@@ -189,15 +189,15 @@ def test_a_flooding_stream_holds_the_reader_for_one_bounded_read_per_turn():
         conn.connect(socket.getaddrinfo("127.0.0.1", listener.getsockname()[1], type=socket.SOCK_STREAM)[0],
                      time.monotonic())
         turns, longest, opened = 0, 0.0, False
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 20  # the flood runs until the reader has turned 30 times, on a busy host too
+        while turns < 30 and time.monotonic() < deadline:
             for key, mask in sel.select(0.1):
-                began = time.monotonic()
+                began = time.thread_time()  # this thread's CPU: a busy host's preemption is not the reader's hold
                 opened |= ("open",) in key.data[1].on_ready(mask, time.monotonic())
-                longest = max(longest, time.monotonic() - began)
+                longest = max(longest, time.thread_time() - began)
                 turns += 1
-        assert opened and turns > 20
-        assert longest < 0.25, f"one turn held the reader {longest:.3f}s (budget {events.READ_BUDGET} bytes)"
+        assert opened and turns >= 30
+        assert longest < 0.1, f"one turn held the reader {longest:.3f}s of CPU (budget {events.READ_BUDGET} bytes)"
     finally:
         stop.set()
         conn.close()

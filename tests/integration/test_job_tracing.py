@@ -52,6 +52,27 @@ def test_a_span_per_job_continuing_the_producers_trace(dev_server, daemon_factor
     assert exception["attributes"]["exception.type"] == "ValueError"
 
 
+def test_a_shared_key_in_the_handlers_exception_never_reaches_the_exporter(dev_server, daemon_factory, tmp_path):
+    key = dev_server.api_key
+    d = daemon_factory("traced-key", handler="tests.support.handlers_traced:handle", procs=1,
+                       env={"TRACE_OUT": str(tmp_path)},
+                       args=["--share-api-key", "--child-init", "tests.support.handlers_traced:init"])
+    failed = dev_server.enqueue("traced-key", {"fail_with_key": True}, max_retries=0)
+    wait_for_status(dev_server, [failed], statuses=("failed", "deadletter"))
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    (dump,) = tmp_path.glob("spans-*.json")
+    (span,) = [s for s in json.loads(dump.read_text()) if s["name"] == "spooled.job traced-key"]
+    text = json.dumps(span)  # the job's span, ours; the handler's own "inner" span records what it is given
+    assert not any(key[i:i + 8] in text for i in range(0, len(key) - 8))
+    (exception,) = [e for e in span["events"] if e["name"] == "exception"]
+    attributes = exception["attributes"]
+    assert attributes["exception.type"] == "ValueError"
+    assert attributes["exception.message"] == "the API refused ***"
+    assert "the API refused ***" in attributes["exception.stacktrace"] and "handlers_traced.py" in attributes[
+        "exception.stacktrace"]
+
+
 def test_without_a_tracer_provider_nothing_is_traced_and_the_daemon_imports_no_opentelemetry(dev_server, daemon_factory,
                                                                                              tmp_path):
     d = daemon_factory("untraced", handler="tests.support.handlers_traced:handle", procs=1,
@@ -71,3 +92,17 @@ def test_a_trace_context_travels_in_an_object_payload_only():
         carry({}, "00-<b>markup</b>-01")
     assert carry({"a": 1}, f"00-{TRACE_ID}-{PARENT_ID}-01", "k=v") == {
         "a": 1, TRACE_KEY: {"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "tracestate": "k=v"}}
+
+
+def test_a_malformed_trace_context_is_one_debug_line_and_the_job_completes(dev_server, daemon_factory, tmp_path):
+    d = daemon_factory("badtrace", handler="tests.support.handlers_traced:handle", procs=1,
+                       env={"TRACE_OUT": str(tmp_path)},
+                       args=["--child-init", "tests.support.handlers_traced:init", "--log-level", "DEBUG"])
+    job = dev_server.enqueue("badtrace", {TRACE_KEY: {"traceparent": "00-<b>not</b>-01"}})
+    (done,) = wait_for_status(dev_server, [job])
+    assert done["result"] == {"ok": True}
+    (line,) = d.wait_events("the job's trace context is malformed; its span starts a new trace")
+    assert line["level"] == "debug" and line["job_id"] == job
+    d.signal(signal.SIGTERM)
+    assert d.wait() == 0
+    assert len(d.events("the job's trace context is malformed; its span starts a new trace")) == 1

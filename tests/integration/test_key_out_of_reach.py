@@ -116,3 +116,25 @@ def test_a_long_error_holding_the_shared_key_is_scrubbed_before_it_is_cut(dev_se
         assert not any(key[i:i + 8] in logged for i in range(0, len(key) - 8))
     finally:
         d.stop()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("preload", [False, True])
+def test_a_handler_logging_the_shared_key_shows_stars(dev_server, preload):
+    """Under --preload the children inherit the forkserver's log handler, built where no key was: the key
+    shared after must be scrubbed from their lines all the same."""
+    key = dev_server.api_key
+    d = Daemon(dev_server, f"q-log-key-{preload}", handler="tests.support.handlers_key:log_key", procs=1,
+               worker_id=f"w-log-key-{preload}", args=["--share-api-key", *(["--preload"] if preload else [])]).start()
+    try:
+        d.wait_ready()
+        job = dev_server.enqueue(d.queue, {}, max_retries=0)
+        done = wait_for_status(dev_server, [job], timeout=30)[0]
+        assert done["result"] == {"length": len(key)}
+        lines = d.wait_events("a call failed")
+        assert "***" in json.dumps(lines[0])
+        logged = "\n".join(d.out.lines)
+        assert "the token is ***" in logged
+        assert not any(key[i:i + 8] in logged for i in range(0, len(key) - 8))
+    finally:
+        d.stop()

@@ -35,3 +35,15 @@ def test_an_exception_at_import_names_the_users_module_not_the_import_machinery(
     assert lines[0] == "cannot import handler broken_on_import:handle: KeyError: 'width'", msg
     assert lines[2] == f'  File "{tmp_path}/broken_on_import.py", line 8, in <module>', msg  # the user's line first
     assert "importlib" not in msg and "supervisor/" not in msg
+
+
+def test_a_handler_name_that_is_not_in_the_module_exits_3_with_one_line_naming_what_is(dev_server):
+    d = Daemon(dev_server, "typo", handler="supervisor.demo_handlers:resize", procs=2).start()
+    try:
+        assert d.wait(30) == 3
+    finally:
+        d.stop()
+    (line,) = [r for r in d.records() if r.get("level") == "error"]
+    assert "--handler supervisor.demo_handlers:resize: module supervisor.demo_handlers" in line["msg"]
+    assert "has no attribute resize; it has: burn, burn_cpu, count_primes, misbehave, noop" in line["msg"]
+    assert "\n" not in line["msg"] and "Traceback" not in d.out.text() and "supervisor/child" not in line["msg"]

@@ -104,3 +104,18 @@ def test_a_handler_that_cannot_be_imported_names_no_keeper_as_an_escaped_process
         assert code != 0
         warned = [r for r in d.records() if r.get("level") == "warning" and "process" in r.get("msg", "")]
         assert not warned, [(r["msg"], r.get("processes")) for r in warned]
+
+
+@pytest.mark.timeout(60)
+def test_multiprocessings_resource_tracker_a_job_started_serves_the_next_jobs(dev_server, daemon_factory):
+    """The tracker is multiprocessing's own server for the child, started lazily by a job: it is not the job's
+    to stop, or each later job would relaunch it with a warning that resources might leak."""
+    d = daemon_factory("q-tracker", handler="tests.support.handlers_detach:tracked", procs=1,
+                       worker_id="w-tracker").wait_ready()
+    first = dev_server.enqueue("q-tracker", {})
+    (done,) = wait_for_status(dev_server, [first], timeout=30)
+    tracker = done["result"]["tracker"]
+    assert isinstance(tracker, int)
+    later = [dev_server.enqueue("q-tracker", {}) for _ in range(2)]
+    assert [j["result"]["tracker"] for j in wait_for_status(dev_server, later, timeout=30)] == [tracker, tracker]
+    assert not [line for line in d.out.lines if "resource_tracker" in line or "relaunching" in line]

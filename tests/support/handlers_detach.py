@@ -59,3 +59,18 @@ def detach(ctx):
         time.sleep(0.02)
     time.sleep(float(p.get("hold", 0)))
     return {"pid": int(open(pidfile).read())}
+
+
+def tracked(ctx):
+    """Uses shared memory, which needs multiprocessing's resource tracker (started lazily when none was passed
+    down); returns which tracker it used."""
+    from multiprocessing import resource_tracker, shared_memory
+
+    block = shared_memory.SharedMemory(create=True, size=1024)
+    try:
+        block.buf[0] = 7
+    finally:
+        block.close()
+        block.unlink()
+    tracker = resource_tracker._resource_tracker
+    return {"tracker": tracker._pid or tracker._fd}  # the child's own tracker, or the one its forkserver passed

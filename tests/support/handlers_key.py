@@ -86,3 +86,17 @@ def hunt(ctx):
 def fail_long(ctx):
     pad = int(ctx.payload.get("pad", 2030))
     raise ValueError("x" * pad + " key=" + os.environ.get("SPOOLED_API_KEY", "") + " and more after it")
+
+
+def log_key(ctx):
+    """Logs the shared key three ways (plain logging, ctx.log, an exception's traceback) and returns its length."""
+    import logging
+
+    key = os.environ["SPOOLED_API_KEY"]
+    logging.getLogger("app").warning("the token is %s", key)
+    ctx.log("with the token", token=key)
+    try:
+        raise RuntimeError(f"refused {key}")
+    except RuntimeError:
+        logging.getLogger("app").exception("a call failed")
+    return {"length": len(key)}

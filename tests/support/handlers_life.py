@@ -39,8 +39,15 @@ def init() -> None:
     atexit.register(_write, "atexit-init", "bye")
 
 
+_kept: list[bytearray] = []  # {"keep_mb": N}: memory the child keeps after the job (a cap replaces it then)
+
+
 def handle(ctx):
     log.info("job %s", ctx.job_id)
+    if isinstance(ctx.payload, dict) and ctx.payload.get("keep_mb"):
+        block = bytearray(int(ctx.payload["keep_mb"]) * 2**20)
+        block[::4096] = b"x" * len(block[::4096])  # touched: it counts
+        _kept.append(block)
     return {"pid": os.getpid(), "seed": SEED, "imported_in": IMPORTED_IN}
 
 
@@ -49,3 +56,9 @@ def broken_init() -> None:
 
 
 NOT_CALLABLE = 42
+
+
+def init_fails_while_blocked() -> None:
+    """--child-init that raises while LIFE_OUT/blocked exists (the test creates it after the first child is up)."""
+    if os.path.exists(os.path.join(os.environ["LIFE_OUT"], "blocked")):
+        raise ConnectionError("the database is not there yet")

@@ -33,4 +33,6 @@ def handle(ctx):
     with trace.get_tracer("handler").start_as_current_span("inner"):
         if ctx.payload.get("fail"):
             raise ValueError("asked to fail")
+        if ctx.payload.get("fail_with_key"):  # under --share-api-key
+            raise ValueError(f"the API refused {os.environ['SPOOLED_API_KEY']}")
         return {"ok": True}

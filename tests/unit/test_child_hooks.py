@@ -54,3 +54,18 @@ def test_a_child_remembers_a_bounded_number_of_jobs():
         hooks.job_ended({"id": f"j{n}"}, {})
     assert len(hooks.awaiting) == MAX_AWAITING
     assert "j0" not in hooks.awaiting and f"j{MAX_AWAITING + 4}" in hooks.awaiting
+
+
+def test_a_refused_result_is_the_error_hook_and_the_failure_sent_instead_settles_after_it():
+    worker, got = worker_with("job:completed", "job:failed", "error")
+    hooks = hooks_of(worker, "w")
+    assert hooks is not None
+    job = {"id": "j1", "queue_name": "q", "retry_count": 0, "max_retries": 0}
+    hooks.job_ended(job, {"result": {"big": True}})
+    hooks.take_settled({"t": "settled", "id": "j1", "as": "refused", "error": "400 INVALID_JSON: body too large"})
+    hooks.run_settled()
+    assert "j1" in hooks.awaiting  # still due: the failure's answer
+    hooks.take_settled({"t": "settled", "id": "j1", "as": "failed", "error": "ResultRejected: ..."})
+    hooks.run_settled()
+    assert [event for event, _ in got] == ["error", "job:failed"] and not hooks.awaiting
+    assert "body too large" in str(got[0][1].error) and got[1][1].will_retry is False

@@ -330,7 +330,8 @@ def test_result_rejected_with_422_becomes_a_failure_report(rig):
     _, followup, _ = rig.finish("a", value={"huge": "x"}, now=T0 + 1)
     answer = error(422, "VALIDATION_ERROR")
     assert isinstance(answer, api.Rejected)
-    assert followup.answer(None, answer, T0 + 1.1) == []
+    entry = rig.entry("a")  # its child hears of the refusal (an `error` hook), not yet final
+    assert followup.answer(None, answer, T0 + 1.1) == [JobSettled(entry.pid, "a", "refused", str(answer), "complete")]
     call, followup, _ = rig.submit.take("fail")
     assert body(call)["error"].startswith("ResultRejected: the API refused this job's result")
     followup.answer({}, None, T0 + 1.2)

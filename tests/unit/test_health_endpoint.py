@@ -281,3 +281,23 @@ def test_requests_it_will_not_read_get_an_answer_and_a_close(server, request_byt
     out = raw_exchange(server.port, request_bytes, b"\n}")
     assert out.split(b" ")[1] == status
     assert get(server, "/healthz").status_code == 200
+
+
+@pytest.mark.timeout(30)
+def test_thousands_of_pipelined_requests_on_one_connection_are_all_answered_and_others_still_served(server, caplog):
+    """Each pipelined request waits for the answer before it, one per turn: nothing recurses, so a flood on
+    one connection neither ends the server (at DEBUG too, as `dev` runs it) nor holds the others out."""
+    import socket
+
+    caplog.set_level("DEBUG", logger="supervisor")
+    count = 2000
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+        out = b""
+        while out.count(b"HTTP/1.1 200") < count:
+            assert get(server, "/healthz").status_code == 200  # another connection is answered meanwhile
+            chunk = s.recv(1 << 20)
+            assert chunk, f"the server closed after {out.count(b'HTTP/1.1 200')} answers"
+            out += chunk
+    assert out.count(b"HTTP/1.1 ") == count
+    assert server._thread is not None and server._thread.is_alive()
