@@ -166,5 +166,6 @@ def test_child_life_daemon_tiny_run(tmp_path):
                                                  "hooked", "traced"]
     for row in r["rows"]:
         assert row["completed"] == 30 and row["exit_code"] == 0 and row["jobs_per_s"] > 0 and row["over_pool"] > 0
-        assert row["parent_cpu_us_per_job"] >= 0 and row["children_cpu_us_per_job"] > 0
+        # CPU is counted in clock ticks: thirty 1 ms jobs may read 0
+        assert row["parent_cpu_us_per_job"] >= 0 and row["children_cpu_us_per_job"] >= 0
     assert "children us/job" in proc.stdout
