@@ -3,6 +3,7 @@
     python benchmarks/bench_api.py                    # every section, a few minutes
     python benchmarks/bench_api.py --quick            # fewer jobs
     python benchmarks/bench_api.py --sections latency --delays 0,20,50 --ms 20,100
+    python benchmarks/bench_api.py --sections latency,noop --only ours,grpc   # REST against gRPC
 
 Sections, each run side by side in one go against dev servers on loopback:
   latency  the dev server answers every request `--fault-delay-ms` late (0, 20, 50 ms); CPU-bound jobs
@@ -224,6 +225,8 @@ def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
         rows.append(("grpc", ("--transport", "grpc", "--grpc-url", server.grpc)))
     if not args.no_sdk:
         rows.append(("sdk", ()))
+    if args.only:
+        rows = [r for r in rows if r[0] in args.only]
     return rows
 
 
@@ -404,6 +407,9 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fleet-jobs", type=int, help="jobs in the fleet run (default 24, quick 12)")
     ap.add_argument("--noop-jobs", type=int, help="jobs per no-op row (default 3000, quick 600)")
     ap.add_argument("--no-sdk", action="store_true", help="skip the SDK worker rows")
+    ap.add_argument("--only", type=lambda v: [w.strip() for w in v.split(",") if w.strip()], default=[],
+                    help="run only these rows of the latency and no-op sections, comma-separated (ours, prefetch0, "
+                    "grpc, sdk, history, baseline); multiprocessing.Pool always runs")
     ap.add_argument("--history", action="store_true", help="add a `history` latency row: the daemon on a queue whose "
                     "statistics already say its jobs are short (a warm-up daemon completes 20 of them first), as "
                     "when a daemon restarts on a queue in use; its first claim reaches ahead")

@@ -54,71 +54,140 @@ def make_client(kind: str, server: Server, sel, wake_w: int):
     if kind == "rest":
         api = SpooledAPI(server.url, Secret(server.key), timeout=30)
         return api, LoopHTTP(api, sel, wake_w)
+    client = "grpcio" if kind.endswith("-grpcio") else "wire"
     cfg = type("Cfg", (), {"grpc_url": server.grpc, "api_key": Secret(server.key), "api_timeout": 30.0,
-                           "ca_bundle": None})
-    return make_transport(cfg, wake_w, sel, mode="unary" if kind == "grpc-unary" else "stream")
+                           "ca_bundle": None, "grpc_client": client})
+    return make_transport(cfg, wake_w, sel, mode="stream" if kind.startswith("grpc-stream") else "unary")
 
 
-def drive(kind: str, server: Server, total: int, slots: int) -> dict:
-    """Claim for free slots, complete each job as soon as it arrives, until `total` jobs are completed."""
+class JobStreams:
+    """`slots` StreamJobs streams (grpcio; one reader thread each, as the guides' workers have): each
+    delivered job goes to `arrived` and a byte to the loop's wake-up pipe. Settlements go through the
+    loop's transport; the server sends a stream's next job once the last is settled."""
+
+    def __init__(self, server: Server, slots: int, wake_w: int, lease: int = 60):
+        import threading
+
+        import grpc
+
+        from supervisor.proto import spooled_pb2 as pb
+        from supervisor.proto import spooled_pb2_grpc as pb_grpc
+
+        self.channel = grpc.insecure_channel(server.grpc)
+        stub = pb_grpc.QueueServiceStub(self.channel)
+        self.arrived: list = []
+        self.calls = []
+        for _ in range(slots):
+            call = stub.StreamJobs(pb.StreamJobsRequest(queue_name=QUEUE, worker_id="bench-w",
+                                                        lease_duration_secs=lease),
+                                   metadata=(("x-api-key", server.key),))
+            self.calls.append(call)
+
+            def read(call=call):
+                try:
+                    for job in call:
+                        self.arrived.append({"id": job.id, "lease_id": job.lease_id})
+                        try:
+                            os.write(wake_w, b"\0")
+                        except OSError:
+                            pass
+                except grpc.RpcError:
+                    pass
+            threading.Thread(target=read, daemon=True).start()
+
+    def take(self) -> list:
+        out, self.arrived = self.arrived, []
+        return out
+
+    def close(self) -> None:
+        for call in self.calls:
+            call.cancel()
+        self.channel.close()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def drive(kind: str, server: Server, total: int, slots: int, work_ms: float = 0.0) -> dict:  # noqa: C901
+    """Claim for free slots (or, for `grpc-jobstreams`, take what one StreamJobs stream per slot delivers),
+    hold each job `work_ms` as a child would run it, then complete it; until `total` jobs are completed."""
+    import heapq
+
     r, w = os.pipe()
     os.set_blocking(r, False)
     os.set_blocking(w, False)
     sel = selectors.DefaultSelector()
     sel.register(r, selectors.EVENT_READ, ("wake", None))
-    api, client = make_client(kind, server, sel, w)
+    streamed = kind == "grpc-jobstreams"
+    api, client = make_client("grpc-unary" if streamed else kind, server, sel, w)
+    streams = JobStreams(server, slots, w) if streamed else None
     claimed = completed = held = 0
     claiming = False
+    running: list = []  # (due, n, job): jobs "running" until due
     wall0, cpu0, srv0 = time.monotonic(), time.process_time(), cpu_seconds(server.ps)
     try:
         while completed < total:
-            if not claiming and held < slots and claimed < total:
+            if not streamed and not claiming and held < slots and claimed < total:
                 client.submit(("claim",), api.claim_call(QUEUE, "bench-w", min(slots - held, total - claimed), 60),
                               first=True)
                 claiming = True
             now = time.monotonic()
             deadline = client.next_deadline()
+            if running:
+                deadline = min(deadline or running[0][0], running[0][0])
             for key, mask in sel.select(1.0 if deadline is None else max(0.0, min(1.0, deadline - now))):
                 if key.data[0] == "wake":
-                    try:
-                        while os.read(r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
+                    _drain(r)
                 else:
                     client.on_ready(key.data[1], mask, time.monotonic())
-            client.expire(time.monotonic())
+            now = time.monotonic()
+            client.expire(now)
+            arrived = streams.take() if streams is not None else []
             for tag, result, error in client.done():
                 if error is not None:
                     raise RuntimeError(f"{kind} {tag[0]} failed: {error}")
                 if tag[0] == "claim":
                     claiming = False
-                    for job in result:
-                        claimed += 1
-                        held += 1
-                        client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"],
-                                                                        {"ok": True}))
+                    arrived += result
                 else:
                     held -= 1
                     completed += 1
+            for job in arrived:
+                claimed += 1
+                held += 1
+                heapq.heappush(running, (now + work_ms / 1000.0, claimed, job))
+            while running and running[0][0] <= now:
+                job = heapq.heappop(running)[2]
+                client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"], {"ok": True}))
     finally:
         wall, cpu, srv = time.monotonic() - wall0, time.process_time() - cpu0, cpu_seconds(server.ps) - srv0
+        if streams is not None:
+            streams.close()
         client.close()
         sel.close()
         os.close(r)
         os.close(w)
-    return {"transport": kind, "slots": slots, "jobs": total, "wall_us": round(wall / total * 1e6),
+    ideal = slots * 1000.0 / work_ms if work_ms else None
+    return {"transport": kind, "slots": slots, "jobs": total, "work_ms": work_ms, "wall_us": round(wall / total * 1e6),
             "client_cpu_us": round(cpu / total * 1e6), "server_cpu_us": round(srv / total * 1e6),
-            "jobs_per_s": round(total / wall)}
+            "jobs_per_s": round(total / wall, 1), "busy": round(total / wall / ideal, 3) if ideal else None}
 
 
 def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int, payload: dict) -> dict:
     """The real daemon (`--transport`) draining `count` jobs: wall time and parent CPU per job."""
     queue = f"d-{transport}-{procs}-{len(payload)}"
+    client = ("--grpc-client", "grpcio") if transport.endswith("-grpcio") else ()
+    transport = transport.removesuffix("-grpcio")
     log_path = os.path.join(tmp, f"{queue}.log")
     cmd = [PY, "-m", "supervisor", "run", "--queue", queue, "--handler", "benchmarks.handlers:burn", "--procs",
            str(procs), "--api-url", server.url, "--worker-id", f"bench-{queue}", "--poll-interval", "0.1",
-           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc]
+           "--log-format", "json", "--log-level", "WARNING", "--transport", transport, "--grpc-url", server.grpc,
+           *client]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(SPOOLED_API_KEY=server.key), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -138,7 +207,8 @@ def daemon_row(server: Server, tmp: str, transport: str, count: int, procs: int,
     finally:
         stop_popen(proc)
     server.completed_before += count
-    return {"transport": f"daemon-{transport}", "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
+    name = f"daemon-{transport}" + ("-grpcio" if client else "")
+    return {"transport": name, "slots": procs, "jobs": count, "work_ms": payload.get("ms", 0),
             "wall_us": round(wall / count * 1e6), "parent_cpu_us": round(cpu / count * 1e6),
             "jobs_per_s": round(count / wall)}
 
@@ -157,8 +227,12 @@ def main(argv=None) -> int:
     ap.add_argument("--delay-jobs", type=int, default=300, help="jobs per row with added latency (default 300)")
     ap.add_argument("--delay-ms", default="0,5", help="added server latency per request/message, ms (default 0,5)")
     ap.add_argument("--slots", default="1,8", help="jobs held at once (children), comma-separated (default 1,8)")
-    ap.add_argument("--transports", default="rest,grpc,grpc-unary",
-                    help="rest, grpc (one ProcessJobs stream), grpc-unary (one RPC per call); default all three")
+    ap.add_argument("--transports", default="rest,grpc-unary,grpc-unary-grpcio,grpc-stream",
+                    help="rest; grpc-unary (one RPC per call, on the loop's own HTTP/2 connection: --grpc-client "
+                    "wire); grpc-unary-grpcio (the same through grpcio's channel); grpc-stream (one ProcessJobs "
+                    "stream, grpcio); default all four")
+    ap.add_argument("--work-ms", type=float, default=0.0, help="each job held this long before its complete, as a "
+                    "child would run it (default 0); with grpc-jobstreams (one StreamJobs stream per slot)")
     ap.add_argument("--daemon-jobs", type=int, default=600, help="jobs per daemon row (default 600; 0 = none)")
     ap.add_argument("--procs", type=int, default=2, help="daemon --procs for the daemon rows (default 2)")
     args = ap.parse_args(argv)
@@ -171,7 +245,7 @@ def main(argv=None) -> int:
                 for slots in [int(s) for s in args.slots.split(",")]:
                     for kind in args.transports.split(","):
                         server.enqueue(count)
-                        row = drive(kind, server, count, slots)
+                        row = drive(kind, server, count, slots, args.work_ms)
                         row["delay_ms"] = delay
                         rows.append(row)
                         print(f"  {kind:10} slots={slots} delay={delay}ms: {row['wall_us']} us/job", file=sys.stderr,
@@ -184,7 +258,7 @@ def main(argv=None) -> int:
             server.completed_before = 0
             try:
                 for payload in ({}, {"ms": 5}):
-                    for transport in ("rest", "grpc"):
+                    for transport in ("rest", "grpc", "grpc-grpcio"):
                         row = daemon_row(server, tmp, transport, args.daemon_jobs, args.procs, payload)
                         daemon_rows.append(row)
                         print(f"  {row['transport']:10} work={row['work_ms']}ms: {row['parent_cpu_us']} us parent "

@@ -91,6 +91,7 @@ class Config:
     max_rps: float | None = None  # API requests per second cap; None = off
     transport: str = "rest"  # "rest" or "grpc"
     grpc_url: str = DEFAULT_GRPC_URL
+    grpc_client: str = "wire"  # "wire" (the loop's own HTTP/2 connection) or "grpcio" (its channel and futures)
     until_empty: bool = False  # drain and exit once the queues are empty
     procs_source: str = ""  # where `procs` came from, for the start-up log
     queue_source: str = ""  # where the queue came from when --queue was not given (the handler's SDK worker)
@@ -351,6 +352,9 @@ OPTIONS: tuple[Option, ...] = (
            f"gRPC; grpc needs {GRPC_EXTRA_HINT}; default rest", "rest|grpc"),
     Option("--grpc-url", "SPOOLED_GRPC_URL", parse_grpc_url, DEFAULT_GRPC_URL, "gRPC endpoint HOST:PORT for "
            f"--transport grpc; default {DEFAULT_GRPC_URL}", "HOST:PORT"),
+    Option("--grpc-client", "SPOOLED_GRPC_CLIENT", choice("wire", "grpcio"), "wire", "how --transport grpc sends "
+           "its calls: wire (HTTP/2 frames written by the parent's loop itself, the cheaper) or grpcio (grpcio's "
+           "channel); default wire", "wire|grpcio"),
     Option("--watch", "SPOOLED_WATCH", parse_bool, False, "replace the children (as SIGHUP does) when a Python "
            "file under the handler's package changes and the handler still imports; the variable takes "
            "1/true/yes/on or 0/false/no/off", switch=True),
@@ -646,7 +650,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> Co
         ready_api_silence=float(values["ready_api_silence"]), k8s_pod=k8s_pod, log_format=values["log_format"],
         log_level=values["log_level"], child_logging=values["child_logging"], prefetch=values["prefetch"],
         max_rps=values["max_rps"],
-        transport=values["transport"], grpc_url=values["grpc_url"], until_empty=values["until_empty"],
+        transport=values["transport"], grpc_url=values["grpc_url"], grpc_client=values["grpc_client"],
+        until_empty=values["until_empty"],
         procs_source=procs_source, share_api_key=values["share_api_key"], wake=values["wake"],
         preload=values["preload"], memory_high=high, memory_max=top, child_init=values["child_init"],
         child_exit_grace=float(values["child_exit_grace"]), watch=values["watch"],

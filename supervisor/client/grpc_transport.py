@@ -15,9 +15,12 @@ Design, for the parent's single select() loop:
   other, so with API latency L one stream settles at most 1/L jobs per second whatever --procs is,
   and its per-job claims cost more CPU than one batched Dequeue: `stream` is only ahead for a single
   child on a fast link. Register and heartbeat are unary in both.
-- gRPC's threads (the futures' callbacks, the stream's reader) only append events to a deque and
-  write one byte to the loop's wake-up fd; all state changes happen on the loop thread in `expire`
-  and `done`. No selector registration is needed (`on_ready` is never called).
+- Two clients (`engine`). `wire` (the default): unary calls are HTTP/2 frames the loop writes and reads
+  itself on one non-blocking socket registered in its selector (`supervisor.client.h2grpc`; its events
+  come back through `on_ready`); no thread, and a fraction of grpcio's CPU per call. `grpcio`: its
+  channel and futures; gRPC's threads (the futures' callbacks, the stream's reader) only append events
+  to a deque and write one byte to the loop's wake-up fd; all state changes happen on the loop thread
+  in `expire` and `done`. The ProcessJobs stream always goes through grpcio.
 - The channel is created on the first call, i.e. after the forkserver started: children never hold
   gRPC state and never import grpc (this module imports grpc only inside functions).
 - Settlements whose answer was lost (UNAVAILABLE, a deadline, a broken stream) are remembered by job
@@ -76,6 +79,18 @@ STREAM_KINDS = ("claim", "complete", "fail", "renew")
 UNARY_ROUTES = {"register": "Register", "heartbeat": "Heartbeat"}
 JOB_UNARY = {"claim": ("Dequeue", "dequeue"), "complete": ("Complete", "complete"), "fail": ("Fail", "fail"),
              "renew": ("RenewLease", "renew_lease")}
+# the unary calls the loop makes on its own HTTP/2 connection: kind -> (path, answer message name)
+WIRE_PATHS = {"claim": ("/spooled.v1.QueueService/Dequeue", "DequeueResponse"),
+              "complete": ("/spooled.v1.QueueService/Complete", "CompleteResponse"),
+              "fail": ("/spooled.v1.QueueService/Fail", "FailResponse"),
+              "renew": ("/spooled.v1.QueueService/RenewLease", "RenewLeaseResponse"),
+              "register": ("/spooled.v1.WorkerService/Register", "RegisterWorkerResponse"),
+              "heartbeat": ("/spooled.v1.WorkerService/Heartbeat", "HeartbeatResponse")}
+ENGINES = ("wire", "grpcio")
+RESEND_UNPROCESSED = 3  # times a call the server never acted on is sent again before its error is the answer
+MAX_DETAILS = 500  # characters of a server's grpc-message kept in an error
+# a settlement ending so says nothing of what became of it (a reset, a proxy's error): it may have been applied
+MAYBE_APPLIED = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN", "CANCELLED", "DATA_LOSS"})
 
 
 class GrpcMissing(ImportError):
@@ -83,9 +98,10 @@ class GrpcMissing(ImportError):
 
 
 def require_grpc() -> None:
-    """Raise GrpcMissing (with INSTALL_HINT) unless grpcio and the stubs import."""
+    """Raise GrpcMissing (with INSTALL_HINT) unless grpcio, hpack and the stubs import."""
     try:
         import grpc  # noqa: F401
+        import hpack  # noqa: F401
 
         from supervisor.proto import spooled_pb2, spooled_pb2_grpc  # noqa: F401
     except ImportError as exc:
@@ -136,11 +152,27 @@ def _rfc3339(ts: Any) -> str | None:
             f"{ts.nanos // 1000:06d}Z")
 
 
+def struct_value(value: Any) -> Any:
+    """A protobuf Value as plain JSON data, whole numbers below 2**53 as int (what restore_ints makes of
+    MessageToDict's output, without its generic reflection)."""
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        return int(number) if number.is_integer() and -EXACT_INT < number < EXACT_INT else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {k: struct_value(v) for k, v in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [struct_value(v) for v in value.list_value.values]
+    return None
+
+
 def job_dict(job: Any) -> dict:
     """A Job message shaped like a REST claim answer (payload a dict with ints restored, or None)."""
-    from google.protobuf import json_format
-
-    payload = restore_ints(json_format.MessageToDict(job.payload)) if job.HasField("payload") else None
+    payload = {k: struct_value(v) for k, v in job.payload.fields.items()} if job.HasField("payload") else None
     return {"id": job.id, "queue_name": job.queue_name, "payload": payload, "retry_count": job.retry_count,
             "max_retries": job.max_retries, "timeout_seconds": job.timeout_seconds, "lease_id": job.lease_id,
             "lease_expires_at": _rfc3339(job.lease_expires_at), "priority": job.priority,
@@ -203,7 +235,7 @@ class GrpcCall:
 
     kind: str  # register, heartbeat, claim, complete, fail, renew
     route: str  # the REST route name, for metrics
-    message: object = None  # the request proto (a ProcessRequest for stream kinds)
+    message: object = None  # the request proto (wrapped in a ProcessRequest on the ProcessJobs stream)
     count: int = 1
     job_id: str = ""
     job_route: bool = False
@@ -219,7 +251,8 @@ class GrpcAPI:
     lives only in the call metadata; it never appears in a repr, a log line or an exception."""
 
     def __init__(self, url: str, api_key: Secret, timeout: float = 10.0, ca_bundle: str | None = None,
-                 on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None):
+                 on_request: Callable[[str, int, float], None] | None = None, rest: SpooledAPI | None = None,
+                 engine: str = "wire"):
         self.target, self.host, self.tls = parse_grpc_url(url)
         self.rest = rest  # REST for settlements gRPC cannot carry or deliver right now (None: no fallback)
         self.base_url = f"grpc{'s' if self.tls else ''}://{self.target}"
@@ -227,6 +260,7 @@ class GrpcAPI:
         self.ca_bundle = ca_bundle
         self.on_request = on_request
         self._key = api_key
+        self.engine = engine  # how LoopGrpc sends unary calls (ENGINES)
         self._channel: Any = None
         self.queue_stub: Any = None
         self.worker_stub: Any = None
@@ -267,12 +301,23 @@ class GrpcAPI:
             self.queue_stub = pb_grpc.QueueServiceStub(self._channel)
             self.worker_stub = pb_grpc.WorkerServiceStub(self._channel)
 
+    def wire_tls(self) -> Any:
+        """The TLS context for the loop's own connection (ALPN h2; `ca_bundle` replaces the system roots),
+        or None on loopback."""
+        if not self.tls:
+            return None
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=self.ca_bundle) if self.ca_bundle else ssl.create_default_context()
+        ctx.set_alpn_protocols(["h2"])
+        return ctx
+
     def loop_client(self, sel: selectors.BaseSelector, wake_fd: int, max_connections: int = 4,
-                    mode: str = "unary") -> LoopGrpc:
+                    mode: str = "unary", engine: str | None = None) -> LoopGrpc:
         """The parent loop's transport for these calls (see supervisor.client.transport); with `self.rest`,
         REST settlements go out on a LoopHTTP registered in `sel` (pass its events to on_ready). gRPC
-        multiplexes every call on one channel, so `max_connections` does not apply."""
-        return LoopGrpc(self, sel, wake_fd, mode=mode)
+        multiplexes every call on one connection, so `max_connections` does not apply."""
+        return LoopGrpc(self, sel, wake_fd, mode=mode, engine=engine or self.engine)
 
     def events_source(self, loop: LoopTransport, wake_fd: int) -> EventsSource | None:
         """gRPC has no events stream: listen over the REST API beside it (`self.rest`, from --api-url), whose
@@ -360,8 +405,7 @@ class GrpcAPI:
     def claim_call(self, queue: str, worker_id: str, limit: int, lease_secs: int) -> GrpcCall:
         from supervisor.proto import spooled_pb2 as pb
 
-        msg = pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=queue, worker_id=worker_id,
-                                                          lease_duration_secs=lease_secs, batch_size=1))
+        msg = pb.DequeueRequest(queue_name=queue, worker_id=worker_id, lease_duration_secs=lease_secs, batch_size=1)
         return GrpcCall("claim", "claim", msg, count=max(1, min(100, limit)))
 
     def complete_call(self, job_id: str, worker_id: str, lease_id: str, result: Any) -> GrpcCall:
@@ -380,7 +424,7 @@ class GrpcAPI:
                 error = Rejected(0, "RESULT_NOT_STRUCT", f"the result does not fit a google.protobuf.Struct: {exc}")
         rest = self.rest
         rest_call = None if rest is None else (lambda: rest.complete_call(job_id, worker_id, lease_id, result))
-        return GrpcCall("complete", "complete", pb.ProcessRequest(complete=req), job_id=job_id, job_route=True,
+        return GrpcCall("complete", "complete", req, job_id=job_id, job_route=True,
                         error=error, rest_call=rest_call, rest_only=error is not None and rest_call is not None)
 
     def fail_call(self, job_id: str, worker_id: str, lease_id: str, error: str) -> GrpcCall:
@@ -392,14 +436,14 @@ class GrpcAPI:
         req = pb.FailRequest(job_id=job_id, worker_id=worker_id, error=text, lease_id=lease_id, retry=True)
         rest = self.rest
         rest_call = None if rest is None else (lambda: rest.fail_call(job_id, worker_id, lease_id, error))
-        return GrpcCall("fail", "fail", pb.ProcessRequest(fail=req), job_id=job_id, job_route=True,
+        return GrpcCall("fail", "fail", req, job_id=job_id, job_route=True,
                         rest_call=rest_call)
 
     def renew_lease_call(self, job_id: str, worker_id: str, lease_id: str, lease_secs: int) -> GrpcCall:
         from supervisor.proto import spooled_pb2 as pb
 
         req = pb.RenewLeaseRequest(job_id=job_id, worker_id=worker_id, lease_id=lease_id, extension_secs=lease_secs)
-        return GrpcCall("renew", "job_heartbeat", pb.ProcessRequest(renew_lease=req), job_id=job_id, job_route=True)
+        return GrpcCall("renew", "job_heartbeat", req, job_id=job_id, job_route=True)
 
 
 def _unary_job_answer(kind: str, answer: Any) -> Any:
@@ -430,6 +474,52 @@ class _Pending:
     error: ApiError | None = None
     resent: bool = False
     finished: bool = False
+
+
+def _process_request(call: GrpcCall) -> Any:
+    """A job call's request as a ProcessJobs message (batch_size 1: one dequeue message per job)."""
+    from supervisor.proto import spooled_pb2 as pb
+
+    fields: dict[str, Any] = {JOB_UNARY[call.kind][1]: call.message}
+    return pb.ProcessRequest(**fields)
+
+
+@dataclass(eq=False)
+class _WireCall:
+    """A unary call out on the loop's own HTTP/2 connection."""
+
+    tag: object
+    call: GrpcCall
+    started: float
+    deadline: float
+    answer_type: str
+    handle: Any = None
+    path: str = ""
+    body: bytes = b""
+    resent: int = 0  # times sent again after the server said it never acted on it
+    client: Any = None  # the H2Client it went out on
+
+
+_CODES: dict[int, Any] = {}
+_TYPES: dict[str, Any] = {}
+
+
+def _answer_types() -> dict[str, Any]:
+    """The answer message classes of WIRE_PATHS by name (imported once, on first use)."""
+    if not _TYPES:
+        from supervisor.proto import spooled_pb2 as pb
+
+        _TYPES.update({name: getattr(pb, name) for _, name in WIRE_PATHS.values()})
+    return _TYPES
+
+
+def _status_code(number: int) -> Any:
+    """A gRPC status number -> grpc.StatusCode (UNKNOWN for a number it does not know)."""
+    if not _CODES:
+        import grpc
+
+        _CODES.update({sc.value[0]: sc for sc in grpc.StatusCode})
+    return _CODES.get(number, _CODES[2])
 
 
 class _Stream:
@@ -476,10 +566,18 @@ class _Stream:
 class LoopGrpc:
     """`LoopHTTP`'s interface over gRPC (see the module docstring). Only the loop thread calls it."""
 
-    def __init__(self, api: GrpcAPI, sel: selectors.BaseSelector, wake_fd: int = -1, mode: str = "unary") -> None:
+    def __init__(self, api: GrpcAPI, sel: selectors.BaseSelector, wake_fd: int = -1, mode: str = "unary",
+                 engine: str = "wire") -> None:
         if mode not in ("stream", "unary"):
             raise ValueError("mode must be 'stream' or 'unary'")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}")
         self.mode = mode  # unary: job calls as separate RPCs (concurrent on the one HTTP/2 connection)
+        # wire: unary calls on the loop's own HTTP/2 connection (supervisor.client.h2grpc); grpcio: its futures
+        self.engine = engine
+        self.wire: Any = None  # the H2Client new calls go on, made on the first call
+        self.wire_retiring: list[Any] = []  # spent H2Clients (GOAWAY) finishing the calls still out on them
+        self.wire_calls: dict[int, _WireCall] = {}  # id(context) -> the calls out on it
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -503,6 +601,9 @@ class LoopGrpc:
         if call.error is not None:
             self._result(tag, call, now, error=call.error)
             return
+        if self.engine == "wire" and call.kind in WIRE_PATHS and (self.mode == "unary" or
+                                                                 call.kind not in STREAM_KINDS):
+            return self._submit_wire(tag, call, now)
         self.api.connect()
         if call.kind in STREAM_KINDS and self.mode == "unary":
             return self._submit_unary_job(tag, call, now)
@@ -519,13 +620,89 @@ class LoopGrpc:
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
 
     def _submit_unary_job(self, tag: Any, call: GrpcCall, now: float) -> None:
-        rpc, field_name = JOB_UNARY[call.kind]
-        request = getattr(call.message, field_name)
+        rpc, _ = JOB_UNARY[call.kind]
+        request: Any = call.message
         if call.kind == "claim":
             request.batch_size = call.count
         future = getattr(self.api.queue_stub, rpc).future(request, metadata=self.api.metadata,
                                                           timeout=self.api.timeout)
         future.add_done_callback(lambda f: self._emit(("unary", tag, call, now, f)))
+
+    def _submit_wire(self, tag: Any, call: GrpcCall, now: float) -> None:
+        message: Any = call.message
+        if call.kind == "claim":
+            message.batch_size = call.count
+        path, answer_type = WIRE_PATHS[call.kind]
+        ctx = _WireCall(tag, call, now, now + self.api.timeout, answer_type, path=path,
+                        body=message.SerializeToString())
+        self._send_wire(ctx)
+        self._finish_wire()
+
+    def _send_wire(self, ctx: _WireCall) -> None:
+        """Put a call on the current connection: a new one when there is none, or when the current one is
+        spent (GOAWAY, its stream ids used up) while calls still out on it finish there."""
+        if self.wire is not None and self.wire.spent() and self.wire.contexts:
+            self.wire_retiring.append(self.wire)
+            self.wire = None
+        if self.wire is None:
+            from supervisor.client.h2grpc import H2Client
+
+            api = self.api
+            self.wire = H2Client(self.sel, self._addresses(), api.target, api.host, api.wire_tls(),
+                                 lambda: api.metadata, f"spooled-supervisor/{__version__}")
+        handle = self.wire.call(ctx.path, ctx.body, ctx)
+        if handle is None:
+            why = f"{self.api.base_url}: {self.wire.last_error}"
+            self._result(ctx.tag, ctx.call, ctx.started, error=Unavailable(0, "CONNECT", why))
+            return
+        ctx.handle, ctx.client = handle, self.wire
+        self.wire_calls[id(ctx)] = ctx
+
+    def _addresses(self) -> Callable[[], list | None]:
+        host, _, port = self.api.target.rpartition(":")
+        return Resolver(host.strip("[]"), int(port), self.wake_fd)
+
+    def _finish_wire(self) -> None:
+        """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines); close a
+        retiring connection once its last call is answered. A call sent again may be answered at once (its
+        connection broke): those answers are taken too, a bounded number of rounds."""
+        for _ in range(RESEND_UNPROCESSED + 2):
+            if not self._finish_wire_round():
+                return
+
+    def _finish_wire_round(self) -> bool:
+        if self.wire is None:
+            return False
+        taken: list[tuple[Any, Any]] = []
+        for client in (self.wire, *self.wire_retiring):
+            if client.answers:
+                taken += client.answers
+                client.answers = []
+        if self.wire_retiring:
+            for client in [c for c in self.wire_retiring if not c.contexts]:
+                self.wire_retiring.remove(client)
+                client.close()
+        for ctx, _ in taken:
+            self.wire_calls.pop(id(ctx), None)
+        for ctx, answer in taken:
+            if answer.unprocessed and ctx.resent < RESEND_UNPROCESSED and not self._closed:
+                ctx.resent += 1  # the server never acted on it (a refused stream, GOAWAY): sent again at once
+                self._send_wire(ctx)
+                continue
+            code = _status_code(answer.status)
+            if answer.status != 0:
+                # what the server said, as a server said it: never the key, never more than a line's worth
+                details = self.api._key.scrub(answer.details)[:MAX_DETAILS]
+                self._unary_done(ctx.tag, ctx.call, ctx.started, code, details, None)
+                continue
+            try:
+                reply = _answer_types()[ctx.answer_type].FromString(answer.message or b"")
+            except Exception:  # a message that does not parse: as a broken answer
+                self._unary_done(ctx.tag, ctx.call, ctx.started, _status_code(13),
+                                 f"an answer that is not a {ctx.answer_type}", None)
+                continue
+            self._unary_done(ctx.tag, ctx.call, ctx.started, None, "", reply)
+        return bool(taken)
 
     def done(self) -> list[tuple]:
         self._drain(time.monotonic())
@@ -548,6 +725,8 @@ class LoopGrpc:
 
     def next_deadline(self) -> float | None:
         times = [item.deadline for item in self.waiting]
+        if self.wire_calls:
+            times.append(min(c.deadline for c in self.wire_calls.values()))
         rest = self.rest.next_deadline() if self.rest is not None else None
         if rest is not None:
             times.append(rest)
@@ -560,6 +739,7 @@ class LoopGrpc:
     def expire(self, now: float) -> None:
         """Take what gRPC's threads handed over, fail calls past their deadline, (re)open the stream."""
         self._drain(now)
+        self._expire_wire(now)
         if self.rest is not None:
             self.rest.expire(now)
         if self.stream is not None and self.stream.sent and now >= self.stream.sent[0].deadline:
@@ -573,13 +753,35 @@ class LoopGrpc:
                                                               f"{self.last_error or 'connecting'}"), lost=True)
         self._pump(now)
 
+    def _expire_wire(self, now: float) -> None:
+        late = [c for c in self.wire_calls.values() if now >= c.deadline]
+        for ctx in late:
+            del self.wire_calls[id(ctx)]
+            ctx.client.cancel(ctx.handle)
+            if ctx.call.kind in ("complete", "fail"):
+                self.maybe_applied.add(ctx.call.job_id)  # it may have been applied: a NOT_FOUND later means done
+            self._result(ctx.tag, ctx.call, ctx.started, error=Unavailable(
+                0, "TIMEOUT", f"no answer from {self.api.base_url} within {self.api.timeout:g} s"))
+        for client in {id(c.client): c.client for c in late}.values():
+            if client.silent_since(min(c.started for c in late if c.client is client)):
+                client.drop("the server finished no call since this one started: the connection is presumed dead")
+        self._finish_wire()
+
     def on_ready(self, conn: Any, mask: int, now: float) -> None:
-        """A selector event of the REST fallback's sockets (gRPC registers nothing)."""
+        """A selector event of this transport's connection, or of the REST fallback's sockets."""
+        if self.wire is not None and (conn is self.wire or conn in self.wire_retiring):
+            conn.on_ready(mask, now)
+            return self._finish_wire()
         if self.rest is not None:
             self.rest.on_ready(conn, mask, now)
 
     def close(self) -> None:
         self._closed = True
+        if self.wire is not None:
+            for client in (self.wire, *self.wire_retiring):
+                client.close()
+            self.wire_retiring.clear()
+            self.wire_calls.clear()
         if self.rest is not None:
             self.rest.close()
         if self.stream is not None:
@@ -598,8 +800,9 @@ class LoopGrpc:
         while self.waiting:
             item = self.waiting.popleft()
             item.left = item.call.count
+            wrapped = _process_request(item.call)
             for _ in range(item.call.count):
-                self.stream.send(item, item.call.message)
+                self.stream.send(item, wrapped)
 
     def _break(self, now: float, why: str) -> None:
         """Drop the stream; re-send its unanswered settlements first on the next one."""
@@ -702,16 +905,23 @@ class LoopGrpc:
         try:
             answer = future.result()
         except grpc.RpcError as exc:
-            code = exc.code()
+            return self._unary_done(tag, call, started, exc.code(), exc.details() or "", None)
+        except grpc.FutureCancelledError:
+            return self._result(tag, call, started, error=Unavailable(0, "CANCELLED", "call cancelled"))
+        self._unary_done(tag, call, started, None, "", answer)
+
+    def _unary_done(self, tag: Any, call: GrpcCall, started: float, code: Any, details: str, answer: Any) -> None:
+        """A unary call's outcome (`code` None: `answer` is the reply) -> the parent's result or typed error."""
+        import grpc
+
+        if code is not None:
             if call.kind in ("complete", "fail"):
                 if code == grpc.StatusCode.NOT_FOUND and call.job_id in self.maybe_applied:
                     self.maybe_applied.discard(call.job_id)
                     return self._result(tag, call, started)  # a retried settlement: the first copy was applied
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if code.name in MAYBE_APPLIED:
                     self.maybe_applied.add(call.job_id)
-            return self._result(tag, call, started, error=map_status(code, exc.details() or "", call.job_route))
-        except grpc.FutureCancelledError:
-            return self._result(tag, call, started, error=Unavailable(0, "CANCELLED", "call cancelled"))
+            return self._result(tag, call, started, error=map_status(code, details, call.job_route))
         self.maybe_applied.discard(call.job_id)
         try:
             result = call.answer(answer) if call.answer else _unary_job_answer(call.kind, answer)
@@ -777,7 +987,8 @@ def make_api(cfg: Any, on_request: Callable[[str, int, float], None] | None = No
     if getattr(cfg, "api_url", None):
         rest = SpooledAPI(cfg.api_url, cfg.api_key, timeout=timeout, ca_bundle=ca_bundle, on_request=on_request)
     return GrpcAPI(getattr(cfg, "grpc_url", None) or DEFAULT_GRPC_URL, cfg.api_key, timeout=timeout,
-                   ca_bundle=ca_bundle, on_request=on_request, rest=rest)
+                   ca_bundle=ca_bundle, on_request=on_request, rest=rest,
+                   engine=getattr(cfg, "grpc_client", None) or "wire")
 
 
 def make_transport(cfg: Any, wake_fd: int, selector: selectors.BaseSelector,
@@ -786,4 +997,4 @@ def make_transport(cfg: Any, wake_fd: int, selector: selectors.BaseSelector,
     """(api, client): `make_api(cfg)` and its loop client on `selector` / `wake_fd`; the shape comes from
     cfg.grpc_mode if present ('unary' or 'stream'), else `mode`."""
     api = make_api(cfg, on_request)
-    return api, LoopGrpc(api, selector, wake_fd, mode=getattr(cfg, "grpc_mode", None) or mode)
+    return api, LoopGrpc(api, selector, wake_fd, mode=getattr(cfg, "grpc_mode", None) or mode, engine=api.engine)

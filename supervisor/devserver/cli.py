@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", int, 8787, "port; 0 picks a free one")
     add("--grpc-port", _nonneg_int, None, "also serve Spooled's gRPC API on this port (0 picks a free one; needs the "
         "grpc extra); off unless given")
+    add("--grpc-stream-limit", _pos_int, 100, "open gRPC streams (StreamJobs, ProcessJobs) per organization; "
+        "past it a new one is RESOURCE_EXHAUSTED")
+    add("--grpc-stream-poll", _pos_float, 1.0, "seconds a StreamJobs stream sleeps when it has nothing to hand "
+        "out (the real server's STREAM_POLL_INTERVAL_MS)")
     add("--db", str, "spooled-dev.db", "SQLite database file, or :memory:")
     add("--key-file", str, None, "write the API key in use to this file (mode 0600) once serving, for scripts "
         "and tests; the start line never shows a key given to the server")
@@ -153,13 +157,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def start_grpc(store, cfg, faults, limiter, host: str, port: int, events=None):
+def start_grpc(store, cfg, faults, limiter, host: str, port: int, events=None, stream_limit: int = 100,
+               stream_poll: float = 1.0):
     """The gRPC server, imported only when asked for (grpcio is the optional `grpc` extra)."""
     try:
         from .grpc_server import make_grpc_server
     except ImportError as e:
         raise ImportError(f"{e}; install it with: pip install 'spooled-supervisor[grpc]'") from None
-    return make_grpc_server(store, cfg, faults, limiter, host, port, events=events)
+    return make_grpc_server(store, cfg, faults, limiter, host, port, events=events, stream_limit=stream_limit,
+                            stream_poll=stream_poll)
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, str] | None:
@@ -268,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     grpc_server, grpc_port = None, None
     if args.grpc_port is not None:
         try:
-            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port, app.events)
+            grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port, app.events,
+                                                args.grpc_stream_limit, args.grpc_stream_poll)
         except (ImportError, OSError) as e:
             print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
             server.server_close()

@@ -6,16 +6,21 @@ the fault switches apply as on REST (delay; `fail_503` -> UNAVAILABLE before han
 handled, then UNAVAILABLE instead of the answer). Leases <= 0 mean 300 s, others are clamped to
 5-3600. Settlement needs a lease_id (INVALID_ARGUMENT); a lease held by this worker but expired or
 replaced is FAILED_PRECONDITION; anything else NOT_FOUND "Job not found or not authorized".
-`StreamJobs` keeps one job out per stream and sleeps on the store's change counter (an enqueue, a
-settlement, a recovery wakes it; a retry's back-off is waited out by its due time), never polling.
-`ProcessJobs` answers every message once, in order, with in-band `ErrorResponse`s. Payloads and
-results are Struct: a non-object payload goes out missing; numbers are doubles.
+`StreamJobs` keeps the real server's clock: each turn re-checks the key and the rate limit, then either
+claims one job (when the stream holds none) or sleeps STREAM_POLL_INTERVAL (an empty queue, or the job
+it holds still out); nothing wakes it early but its own client going away. A job claimed for a client
+that went away stays leased until the lease runs out. An organization holds at most `stream_limit`
+open streams (StreamJobs and ProcessJobs); past it a new one is RESOURCE_EXHAUSTED.
+`ProcessJobs` answers every message once, in order, with in-band `ErrorResponse`s worded as the real
+server words them. Payloads and results are Struct: a non-object payload goes out missing; numbers
+are doubles.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +37,12 @@ from .keys_store import KeyContext, job_in_scope, key_context, worker_in_scope
 from .store import Store, dumps
 from .validate import check_hostname, check_queue_name, check_worker_id
 
-GRPC_DEFAULT_LEASE = 300
+GRPC_DEFAULT_LEASE_DURATION_SECS = 300  # a claim or stream that names no lease (<= 0)
+STREAM_POLL_INTERVAL = 1.0  # seconds: the real server's STREAM_POLL_INTERVAL_MS
+STREAM_LIMIT = 100  # open streams per organization
 MAX_RESULT_BYTES = 1024 * 1024
 MAX_ERROR_BYTES = 4096
+TRUNCATED = "... [truncated]"
 MAX_MESSAGE = 4 * 1024 * 1024
 NOT_OWNED = "Job not found or not authorized"
 LEASE_MISMATCH = "lease_id does not match the job's current lease"
@@ -55,7 +63,25 @@ class GrpcError(Exception):
 
 
 def clamp_lease(secs: int) -> int:
-    return GRPC_DEFAULT_LEASE if secs <= 0 else max(5, min(3600, secs))
+    return GRPC_DEFAULT_LEASE_DURATION_SECS if secs <= 0 else max(5, min(3600, secs))
+
+
+def cut_error(text: str) -> str:
+    """An error text of at most MAX_ERROR_BYTES of UTF-8, marked as cut when it was."""
+    raw = text.encode()
+    if len(raw) <= MAX_ERROR_BYTES:
+        return text
+    return raw[:MAX_ERROR_BYTES - len(TRUNCATED)].decode("utf-8", "ignore") + TRUNCATED
+
+
+def check_grpc_queue(name: str) -> None:
+    """The real gRPC service's queue-name rule and wording (it differs from REST's)."""
+    if not name or len(name) > 255:
+        raise _invalid("Queue name must be 1-255 characters")
+    if not all(c.isalnum() or c in "-_." for c in name):
+        raise _invalid("Queue name can only contain alphanumeric characters, dashes, underscores, and dots")
+    if name[0] in ".-":
+        raise _invalid("Queue name cannot start with dots or dashes")
 
 
 def _invalid(message: str) -> GrpcError:
@@ -130,20 +156,71 @@ def job_message(row: dict) -> pb.Job:
 
 def _settlement_ids(req) -> None:
     if not req.job_id:
-        raise _invalid("job_id is required")
+        raise _invalid("Job ID is required")
     if not req.worker_id:
-        raise _invalid("worker_id is required")
+        raise _invalid("Worker ID is required")
     if not req.lease_id:
         raise _invalid("lease_id is required for job settlement")
+
+
+def _inband(code: str, message: str) -> pb.ProcessResponse:
+    return pb.ProcessResponse(error=pb.ErrorResponse(code=code, message=message))
+
+
+def _status_text(code: grpc.StatusCode, message: str) -> str:
+    """A status as the real server prints one into an in-band error (its Rust library's wording)."""
+    described = {SC.RESOURCE_EXHAUSTED: "Some resource has been exhausted"}.get(code, code.name)
+    return f"status: '{described}', self: {orjson.dumps(message).decode()}"
 
 
 # ------------------------------------------------------------------ the services
 class Backend:
     """The operations both services share: auth, limits, faults, and one method per RPC body."""
 
-    def __init__(self, store: Store, cfg, faults, limiter=None, events=None):
+    def __init__(self, store: Store, cfg, faults, limiter=None, events=None, stream_limit: int = STREAM_LIMIT,
+                 stream_poll: float = STREAM_POLL_INTERVAL):
         self.store, self.cfg, self.faults, self.limiter = store, cfg, faults, limiter
         self.events = events  # the REST app's realtime.Broadcaster (the store announces what changes here too)
+        self.stream_limit, self.stream_poll = stream_limit, stream_poll
+        self._streams: dict[str, int] = {}
+        self._streams_lock = threading.Lock()
+
+    def open_stream(self, org: str, context) -> None:
+        """Count one more open stream of `org` until the call ends; past the limit, RESOURCE_EXHAUSTED."""
+        with self._streams_lock:
+            if self._streams.get(org, 0) >= self.stream_limit:
+                raise GrpcError(SC.RESOURCE_EXHAUSTED, f"Stream limit reached: at most {self.stream_limit} open "
+                                "streams per organization", "RATE_LIMIT_EXCEEDED")
+            self._streams[org] = self._streams.get(org, 0) + 1
+        done = threading.Event()
+
+        def close() -> None:
+            if done.is_set():
+                return
+            done.set()
+            with self._streams_lock:
+                self._streams[org] -= 1
+
+        if not context.add_callback(close):  # the call already ended
+            close()
+
+    def open_streams(self, org: str) -> int:
+        with self._streams_lock:
+            return self._streams.get(org, 0)
+
+    def key_still_valid(self, context) -> KeyContext:
+        """The per-turn re-check a stream makes: the key must still name an organization."""
+        try:
+            return self.authenticate(context)
+        except GrpcError:
+            raise GrpcError(SC.UNAUTHENTICATED, "API key revoked or expired", "UNAUTHENTICATED") from None
+
+    def rate_limit(self, org: str) -> None:
+        if self.limiter is not None:
+            try:
+                self.limiter.take(org)
+            except HttpError:
+                raise GrpcError(SC.RESOURCE_EXHAUSTED, "Rate limit exceeded", "RATE_LIMIT_EXCEEDED") from None
 
     def authenticate(self, context) -> KeyContext:
         """Who the call's API key is (a JWT is not accepted on gRPC, as on the server); checked again on
@@ -178,11 +255,11 @@ class Backend:
 
     def admit(self, org: str) -> bool:
         """Rate limit, then the delay and 503 faults; returns whether this answer is to be cut."""
-        if self.limiter is not None:
-            try:
-                self.limiter.take(org)
-            except HttpError:
-                raise GrpcError(SC.RESOURCE_EXHAUSTED, "Rate limit exceeded", "RATE_LIMIT_EXCEEDED") from None
+        self.rate_limit(org)
+        return self.admit_faults(org)
+
+    def admit_faults(self, org: str) -> bool:
+        """The delay and 503 faults; returns whether this answer is to be cut."""
         if not self.faults.active(org):
             return False
         try:
@@ -208,10 +285,13 @@ class Backend:
         return pb.EnqueueResponse(job_id=jid, created=created)
 
     def claim(self, org: str, queue: str, worker_id: str, lease: int, limit: int) -> list[pb.Job]:
-        if not queue:
-            raise _invalid("queue_name is required")
+        """Unary Dequeue's claim: the queue name and worker id are checked first."""
+        check_grpc_queue(queue)
         if not worker_id:
-            raise _invalid("worker_id is required")
+            raise _invalid("Worker ID is required")
+        return self.claim_unchecked(org, queue, worker_id, lease, limit)
+
+    def claim_unchecked(self, org: str, queue: str, worker_id: str, lease: int, limit: int) -> list[pb.Job]:
         rows = self.store.claim_raw(org, queue, worker_id, limit, clamp_lease(lease))
         return [job_message(r) for r in rows]
 
@@ -219,13 +299,13 @@ class Backend:
         _settlement_ids(req)
         result = json_from_struct(req, "result")
         if result is not None and len(result.encode()) > MAX_RESULT_BYTES:
-            raise _invalid(f"result exceeds maximum ({MAX_RESULT_BYTES} bytes of JSON)")
+            raise _invalid(f"Result too large: {len(result.encode())} bytes (max: {MAX_RESULT_BYTES} bytes)")
         self.store.complete(org, req.job_id, req.worker_id, req.lease_id, result)
         return pb.CompleteResponse(success=True)
 
     def fail(self, org: str, req: pb.FailRequest) -> pb.FailResponse:
         _settlement_ids(req)
-        error = req.error.encode()[:MAX_ERROR_BYTES].decode("utf-8", "ignore") or "Job failed"
+        error = cut_error(req.error) or "Job failed"
         retry = req.retry if req.HasField("retry") else True
         will_retry, delay = self.store.fail_job(org, req.job_id, req.worker_id, req.lease_id, error, retry=retry,
                                                 count_dead=True)
@@ -320,33 +400,50 @@ class QueueService(pb_grpc.QueueServiceServicer):
         jobs=b.claim(org, r.queue_name, r.worker_id, r.lease_duration_secs, max(1, min(100, r.batch_size)))))
 
     def StreamJobs(self, request: pb.StreamJobsRequest, context) -> Iterator[pb.Job]:
+        """Checked as the real server checks (key, rate limit, queue name, worker id), then counted
+        against the organization's open streams; errors end the stream with their status."""
         try:
             key = self.backend.authenticate(context)
             self.backend.admit(key.org)
-            if not request.queue_name or not request.worker_id:
-                raise _invalid("queue_name and worker_id are required")
+            check_grpc_queue(request.queue_name)
+            if not request.worker_id:
+                raise _invalid("Worker ID is required")
             self.backend.check_scope(key, request)
+            self.backend.open_stream(key.org, context)
             yield from JobStream(self.backend, key.org, request, context).run()
         except GrpcError as e:
             context.abort(e.code, e.message)
 
     def ProcessJobs(self, request_iterator, context) -> Iterator[pb.ProcessResponse]:
+        """Each message: the key re-checked (refused: in-band UNAUTHENTICATED, then the stream ends),
+        the rate limit (in-band RATE_LIMIT_EXCEEDED, the stream goes on), then its one answer."""
         try:
-            self.backend.authenticate(context)
+            first = self.backend.authenticate(context)
+            self.backend.open_stream(first.org, context)
         except GrpcError as e:
             context.abort(e.code, e.message)
         for msg in request_iterator:
             try:
-                key = self.backend.authenticate(context)
+                key = self.backend.key_still_valid(context)
                 org = key.org
-                cut = self.backend.admit(org)
+            except GrpcError as e:
+                yield _inband(e.inband, e.message)
+                return
+            try:
+                self.backend.rate_limit(org)
+            except GrpcError as e:
+                yield _inband("RATE_LIMIT_EXCEEDED", _status_text(e.code, e.message))
+                continue
+            try:
+                cut = self.backend.admit_faults(org)
+            except GrpcError as e:  # the injected 503 ends the stream, as a proxy would
+                context.abort(e.code, e.message)
+            try:
                 which = msg.WhichOneof("request")
                 if which is not None:
                     self.backend.check_scope(key, getattr(msg, which))
-            except GrpcError as e:
-                if e.code == SC.UNAVAILABLE:  # the injected 503 ends the stream, as a proxy would
-                    context.abort(e.code, e.message)
-                yield pb.ProcessResponse(error=pb.ErrorResponse(code=e.inband, message=e.message))
+            except GrpcError as e:  # outside a scoped key's queues: this message's answer, the stream goes on
+                yield _inband(e.inband, e.message)
                 continue
             answer = self.process_one(org, msg)
             if cut:
@@ -360,59 +457,74 @@ class QueueService(pb_grpc.QueueServiceServicer):
         try:
             if which == "dequeue":
                 d = msg.dequeue
-                jobs = _run(lambda: b.claim(org, d.queue_name, d.worker_id, d.lease_duration_secs, 1))
+                if not d.worker_id:
+                    raise _invalid("Worker ID is required")
+                jobs = _run(lambda: b.claim_unchecked(org, d.queue_name, d.worker_id, d.lease_duration_secs, 1))
                 if not jobs:
-                    return pb.ProcessResponse(error=pb.ErrorResponse(code="NO_JOBS", message="No jobs available"))
+                    return _inband("NO_JOBS", "No jobs available")
                 return pb.ProcessResponse(job=jobs[0])
             if which == "complete":
-                return pb.ProcessResponse(complete=_run(lambda: b.complete(org, msg.complete), True))
+                return pb.ProcessResponse(complete=_run(lambda: b.complete(org, _lenient(msg.complete)), True))
             if which == "fail":
-                return pb.ProcessResponse(fail=_run(lambda: b.fail(org, msg.fail), True))
+                return pb.ProcessResponse(fail=_run(lambda: b.fail(org, _lenient(msg.fail)), True))
             if which == "renew_lease":
-                return pb.ProcessResponse(renew_lease=_run(lambda: b.renew(org, msg.renew_lease), True))
-            raise GrpcError(SC.INVALID_ARGUMENT, "ProcessRequest carries no request", "INVALID_REQUEST")
+                return pb.ProcessResponse(renew_lease=_run(lambda: b.renew(org, _lenient(msg.renew_lease)), True))
+            return _inband("INVALID_REQUEST", "Empty request")
         except GrpcError as e:
-            return pb.ProcessResponse(error=pb.ErrorResponse(code=e.inband, message=e.message))
+            return _inband(e.inband, e.message)
         except Exception as e:
             print(f"warning: internal error on ProcessJobs: {e!r}", file=sys.stderr, flush=True)
-            return pb.ProcessResponse(error=pb.ErrorResponse(code="INTERNAL", message="An internal error occurred"))
+            return _inband("INTERNAL", "An internal error occurred")
+
+
+def _lenient(req):
+    """A ProcessJobs settlement: the real server checks only its lease_id up front; a missing job or
+    worker id then matches no job (NOT_FOUND), so any such id is left to the store to miss."""
+    if not req.lease_id:
+        raise _invalid("lease_id is required for job settlement")
+    if req.job_id and req.worker_id:
+        return req
+    out = type(req)()
+    out.CopyFrom(req)
+    out.job_id, out.worker_id = out.job_id or "-", out.worker_id or "-"
+    return out
 
 
 class JobStream:
-    """One StreamJobs call: claim one job, hand it out, wait until it is settled or its lease ends, repeat."""
+    """One StreamJobs call, on the real server's clock: a turn every `stream_poll` seconds at most.
+
+    Each turn re-checks the key (revoked: UNAUTHENTICATED) and the rate limit (RESOURCE_EXHAUSTED),
+    then claims one job if the stream holds none, or else sleeps a full interval: while the queue is
+    empty, and while the job it handed out is still processing under its lease. A settlement, an
+    enqueue or a due retry is noticed at the next turn, never sooner. Only the client going away cuts a
+    sleep short; a job claimed just as it went is not handed back and stays leased until it expires."""
 
     def __init__(self, backend: Backend, org: str, request: pb.StreamJobsRequest, context):
         self.backend, self.store, self.org, self.req, self.context = backend, backend.store, org, request, context
-        context.add_callback(self.store.changed.bump)  # a cancelled stream wakes its waiting thread
+        self.gone = threading.Event()
+        context.add_callback(self.gone.set)  # a cancelled stream wakes its sleeping thread
+        self.held: tuple[str, str] | None = None  # (job id, lease id) of the job out with the client
 
     def run(self) -> Iterator[pb.Job]:
-        seen = self.store.changed.version
-        while self.context.is_active():
-            self.backend.authenticate(self.context)  # the key may have been revoked since the last job
-            jobs = _run(lambda: self.backend.claim(self.org, self.req.queue_name, self.req.worker_id,
-                                                   self.req.lease_duration_secs, 1))
-            if not jobs:
-                seen = self.store.changed.wait(seen, self._until_due())
+        while self.context.is_active() and not self.gone.is_set():
+            self.backend.key_still_valid(self.context)
+            self.backend.rate_limit(self.org)
+            if self.held is not None and self._still_out(*self.held):
+                self.gone.wait(self.backend.stream_poll)
                 continue
+            self.held = None
+            jobs = _run(lambda: self.backend.claim_unchecked(self.org, self.req.queue_name, self.req.worker_id,
+                                                             self.req.lease_duration_secs, 1))
+            if not jobs:
+                self.gone.wait(self.backend.stream_poll)
+                continue
+            self.held = (jobs[0].id, jobs[0].lease_id)
             yield jobs[0]
-            seen = self._wait_settled(jobs[0].id, jobs[0].lease_id)
 
-    def _until_due(self) -> float | None:
-        due = self.store.next_due(self.org, self.req.queue_name)
-        return None if due is None else max(0.0, due - time.time()) + 0.01
-
-    def _wait_settled(self, job_id: str, lease_id: str) -> int:
-        """Block until the job is no longer processing under `lease_id`, or that lease has run out."""
-        seen = self.store.changed.version
-        while self.context.is_active():
-            state = self.store.lease_state(self.org, job_id)
-            if state is None or state[0] != "processing" or state[1] != lease_id:
-                return seen
-            left = (state[2] or 0) - time.time()
-            if left <= 0:
-                return seen
-            seen = self.store.changed.wait(seen, left + 0.01)
-        return seen
+    def _still_out(self, job_id: str, lease_id: str) -> bool:
+        state = self.store.lease_state(self.org, job_id)
+        return (state is not None and state[0] == "processing" and state[1] == lease_id
+                and (state[2] or 0) > time.time())
 
 
 class WorkerService(pb_grpc.WorkerServiceServicer):
@@ -424,12 +536,14 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     Deregister = unary(Backend.deregister)
 
 
-def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int,
-                     max_streams: int = 256, events=None) -> tuple[grpc.Server, int]:
+def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int, max_streams: int = 256,
+                     events=None, stream_limit: int = STREAM_LIMIT,
+                     stream_poll: float = STREAM_POLL_INTERVAL) -> tuple[grpc.Server, int]:
     """A started gRPC server on host:port (0 = a free port); returns it and the port it got.
 
-    Every open stream holds one thread: at most `max_streams` RPCs run at once (others wait)."""
-    backend = Backend(store, cfg, faults, limiter, events)
+    Every open stream holds one thread: at most `max_streams` RPCs run at once (others wait), which
+    must stay above `stream_limit` (open streams per organization) plus the unary calls in flight."""
+    backend = Backend(store, cfg, faults, limiter, events, stream_limit, stream_poll)
     server = grpc.server(ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc"),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                   ("grpc.max_send_message_length", MAX_MESSAGE),

@@ -285,27 +285,6 @@ class KeyCache:
         self._hits.clear()
 
 
-class JobsChanged:
-    """A counter bumped after every committed write that changed a row, so waiters (gRPC StreamJobs)
-    wake on an enqueue, a settlement, a renewal or a recovery instead of polling. An empty claim changes
-    nothing, so a waiter's own retry never wakes it again. `wait(seen, timeout)` returns the counter."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self.version = 0
-
-    def bump(self) -> None:
-        with self._cond:
-            self.version += 1
-            self._cond.notify_all()
-
-    def wait(self, seen: int, timeout: float | None) -> int:
-        with self._cond:
-            if self.version == seen:
-                self._cond.wait(timeout)
-            return self.version
-
-
 class NewerSchema(ValueError):
     """The database was written by a newer version of this code (its schema version is higher), or its
     version cannot be read."""
@@ -354,7 +333,6 @@ class Store:
             migrate(db)
         self.keys = KeyCache()  # verified API keys (supervisor.devserver.keys_store)
         self.closed = False
-        self.changed = JobsChanged()
         # Called after each committed state change with (org, fact, data): realtime events, webhooks.
         self.listeners: list[Callable[[str, str, dict], None]] = []
 
@@ -365,16 +343,12 @@ class Store:
         with self._lock:
             db = self._db
             db.execute("BEGIN IMMEDIATE")
-            before = db.total_changes
             try:
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-            changed = db.total_changes != before
-        if changed and hasattr(self, "changed"):  # a write that changed nothing (an empty claim) wakes no one
-            self.changed.bump()
 
     def _read(self, sql, args=()):
         with self._lock:
@@ -786,12 +760,6 @@ class Store:
         rows = self._read("SELECT status, lease_id, lease_expires_at FROM jobs WHERE id=? AND organization_id=?",
                           (job_id, org))
         return tuple(rows[0]) if rows else None
-
-    def next_due(self, org: str, queue: str) -> float | None:
-        """When the earliest not-yet-due job of the queue (a retry's back-off, a scheduled job) becomes due."""
-        rows = self._read("SELECT min(scheduled_at) FROM jobs WHERE organization_id=? AND queue_name=? AND "
-                          "status IN ('pending','scheduled') AND scheduled_at>?", (org, queue, time.time()))
-        return rows[0][0] if rows else None
 
     def grpc_queue_stats(self, org: str, queue: str) -> dict:
         """Counts by status for one queue, `total`, and the age of its oldest pending job in ms."""

@@ -3,81 +3,21 @@ loop, as the parent drives it, against the real dev server's gRPC port. Outcomes
 
 from __future__ import annotations
 
-import os
-import selectors
 import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, free_port, parse_ts, wait_until
+from support.grpc_support import GrpcDriver as Driver
 from support.grpc_support import start_server
 
 from supervisor.client import rest as api
-from supervisor.client.grpc_transport import GrpcMissing, make_transport, parse_grpc_url, require_grpc, restore_ints
+from supervisor.client.grpc_transport import GrpcMissing, parse_grpc_url, require_grpc, restore_ints
 from supervisor.client.rest import Secret
 
 Q = "gq"
-
-
-class Driver:
-    """The parent loop in miniature: select on the wake-up pipe, then expire() and done() every turn."""
-
-    def __init__(self, address: str, key: str, timeout: float = 5.0, mode: str = "unary", rest_url: str | None = None):
-        self.r, self.w = os.pipe()
-        os.set_blocking(self.r, False)
-        os.set_blocking(self.w, False)
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(self.r, selectors.EVENT_READ, ("wake", None))
-        cfg = SimpleNamespace(grpc_url=address, api_key=Secret(key), api_timeout=timeout, ca_bundle=None,
-                              api_url=rest_url)
-        self.requests: list[tuple] = []
-        self.api, self.client = make_transport(cfg, self.w, self.sel, on_request=lambda *a: self.requests.append(a),
-                                               mode=mode)
-        self.answers: dict = {}
-
-    def turn(self) -> None:
-        now = time.monotonic()
-        deadline = self.client.next_deadline()
-        wait = 0.5 if deadline is None else max(0.0, min(0.5, deadline - now))
-        for key, mask in self.sel.select(wait):
-            kind, obj = key.data
-            if kind == "http":  # the REST fallback's sockets
-                self.client.on_ready(obj, mask, time.monotonic())
-                continue
-            try:
-                while os.read(self.r, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-        self.client.expire(time.monotonic())
-        for tag, result, error in self.client.done():
-            assert tag not in self.answers, f"two answers for {tag}"
-            self.answers[tag] = (result, error)
-
-    def run_until(self, predicate, timeout: float = 15.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out waiting for {what}"
-            self.turn()
-
-    def call(self, tag, call, timeout: float = 15.0):
-        self.client.submit(tag, call)
-        self.run_until(lambda: tag in self.answers, timeout, f"the answer to {tag}")
-        return self.answers.pop(tag)
-
-    def ok(self, tag, call):
-        result, error = self.call(tag, call)
-        assert error is None, error
-        return result
-
-    def close(self) -> None:
-        self.client.close()
-        self.sel.close()
-        os.close(self.r)
-        os.close(self.w)
 
 
 @pytest.fixture
@@ -87,7 +27,7 @@ def server(tmp_path):
     s.stop()
 
 
-@pytest.fixture(params=["unary", "stream"])
+@pytest.fixture(params=["unary", "unary-grpcio", "stream"])
 def mode(request):
     return request.param
 
@@ -269,7 +209,7 @@ def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
         assert isinstance(err, api.Unavailable)
         _, err = d.call("claim", d.api.claim_call(Q, "gw", 1, 30))
         assert isinstance(err, api.Unavailable)
-        assert d.client.failures >= 1 or mode == "unary"
+        assert d.client.failures >= 1 or mode.startswith("unary")
         server = start_server(tmp_path, "--grpc-port", str(port))  # (the later flag wins)
         d.api._key = Secret(server.api_key)
         jid = server.enqueue(Q, {"x": 1})
@@ -286,13 +226,23 @@ def test_unreachable_server_gives_unavailable_then_recovers(tmp_path, mode):
             server.stop()
 
 
-def test_no_channel_or_thread_before_the_first_call(server):
+def test_no_channel_or_thread_before_the_first_call_and_none_for_unary_calls(server):
     before = threading.active_count()
     d = Driver(server.grpc_address, server.api_key)
     try:
         assert d.api._channel is None and threading.active_count() == before
         d.ok("reg", d.api.register_call(Q, "gw", "h", 1, {}))
-        assert d.api._channel is not None
+        server.enqueue(Q, {"x": 1})
+        job, = d.ok("claim", d.api.claim_call(Q, "gw", 1, 30))
+        assert d.ok("done", d.api.complete_call(job["id"], "gw", job["lease_id"], {"r": 1})) is None
+        # the loop's own HTTP/2 connection: no grpcio channel, no thread
+        assert d.api._channel is None and threading.active_count() == before
+    finally:
+        d.close()
+    d = Driver(server.grpc_address, server.api_key, client="grpcio")
+    try:
+        d.ok("reg", d.api.register_call(Q, "gw", "h", 1, {}))
+        assert d.api._channel is not None  # grpcio's channel, made on the first call
     finally:
         d.close()
 
@@ -325,3 +275,121 @@ def test_struct_doubles_become_ints_below_2_53():
     assert restore_ints({"a": 5.0, "b": [1.0, 2.5, {"c": -3.0}], "d": True, "e": None, "s": "5"}) == \
         {"a": 5, "b": [1, 2.5, {"c": -3}], "d": True, "e": None, "s": "5"}
     assert type(restore_ints(2.0 ** 53)) is float and type(restore_ints(2.0 ** 53 - 1)) is int
+
+
+class HostileServer:
+    """A TCP listener on loopback that reads whatever comes and answers each connection as `behaviour` says:
+    `garbage` (bytes that are no HTTP/2), `silent` (never a byte), `close` (hangs up)."""
+
+    def __init__(self, behaviour: str):
+        import socket
+
+        self.behaviour = behaviour
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted = 0
+        self.conns: list = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.conns.append(conn)
+            try:
+                conn.recv(65536)
+                if self.behaviour == "garbage":
+                    conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"\xff" * 64)
+                elif self.behaviour == "close":
+                    conn.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("behaviour", ["garbage", "silent", "close"])
+def test_the_wire_client_against_a_hostile_server(behaviour):
+    peer = HostileServer(behaviour)
+    d = Driver(peer.address, "sp_test_never-shown", timeout=1.0)
+    try:
+        for attempt in range(2):  # each call fails on its own, and the next one connects afresh
+            started = time.monotonic()
+            result, err = d.call(("claim", attempt), d.api.claim_call(Q, "gw", 1, 30), timeout=10)
+            assert result is None and isinstance(err, api.Unavailable), err
+            assert time.monotonic() - started < 5  # within the call's 1 s deadline and a turn, never a stall
+            assert "sp_test_never-shown" not in str(err)
+            wait_until(lambda a=attempt: peer.accepted == a + 1, timeout=5, what="a fresh connection per attempt")
+        if behaviour == "silent":
+            assert "within 1 s" in str(err)
+        else:
+            assert "no answer" not in str(err)
+        job_err = d.call("done", d.api.complete_call("j1", "gw", "l1", {"r": 1}), timeout=10)[1]
+        assert isinstance(job_err, api.Unavailable)
+    finally:
+        d.close()
+        peer.close()
+
+
+def test_the_wire_client_over_tls_verifies_the_server_and_speaks_h2(tmp_path):
+    """A grpcio server with a self-signed certificate: accepted with it as the CA bundle (ALPN h2), refused
+    without (the system roots do not know it)."""
+    import selectors as sels
+    import ssl
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+    from support.tls_proxy import self_signed_cert
+
+    from supervisor.client.h2grpc import H2Client
+    from supervisor.proto import spooled_pb2 as pb
+    from supervisor.proto import spooled_pb2_grpc as pb_grpc
+
+    cert, key = self_signed_cert(tmp_path)
+    seen = []
+
+    class Queue(pb_grpc.QueueServiceServicer):
+        def Dequeue(self, request, context):
+            seen.append((request.queue_name, dict(context.invocation_metadata()).get("x-api-key")))
+            return pb.DequeueResponse()
+
+    server = grpc.server(ThreadPoolExecutor(2))
+    pb_grpc.add_QueueServiceServicer_to_server(Queue(), server)
+    creds = grpc.ssl_server_credentials([(open(key, "rb").read(), open(cert, "rb").read())])
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    sel = sels.DefaultSelector()
+    try:
+        def one_call(ctx):
+            import socket
+
+            addrs = socket.getaddrinfo("127.0.0.1", port, type=socket.SOCK_STREAM)
+            client = H2Client(sel, lambda: addrs, f"127.0.0.1:{port}", "127.0.0.1", ctx,
+                              lambda: (("x-api-key", "sp_test_tls"),), "test/1")
+            body = pb.DequeueRequest(queue_name="tls-q", worker_id="w").SerializeToString()
+            assert client.call("/spooled.v1.QueueService/Dequeue", body, "ctx") is not None
+            deadline = time.monotonic() + 10
+            while not client.answers and time.monotonic() < deadline:
+                for k, mask in sel.select(0.2):
+                    k.data[1].on_ready(mask, time.monotonic())
+            answers = list(client.answers)
+            client.close()
+            return answers
+
+        trusted = ssl.create_default_context(cafile=cert)
+        trusted.set_alpn_protocols(["h2"])
+        (ctx, answer), = one_call(trusted)
+        assert (ctx, answer.status, answer.message) == ("ctx", 0, b"") and seen == [("tls-q", "sp_test_tls")]
+        default = ssl.create_default_context()
+        default.set_alpn_protocols(["h2"])
+        (_, answer), = one_call(default)
+        assert answer.status == 14 and "CERTIFICATE_VERIFY_FAILED" in answer.details and len(seen) == 1
+    finally:
+        sel.close()
+        server.stop(0)

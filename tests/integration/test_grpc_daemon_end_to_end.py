@@ -158,3 +158,58 @@ def test_grpc_with_no_rest_url_sends_nothing_anywhere_and_asks_for_api_url(serve
     lines = [line for line in d.out.text().splitlines() if line.strip()]
     assert len(lines) == 1 and "--api-url" in lines[0] and "Spooled Cloud" in lines[0], lines
     assert server.requests_seen(since) == [] and "api.spooled.cloud" not in d.out.text().replace(lines[0], "")
+
+
+@pytest.mark.timeout(120)
+def test_connections_cut_mid_frame_lose_no_job_and_run_none_twice(server):
+    """A proxy that cuts every gRPC connection after a few kilobytes from the server, inside whatever frame
+    they carry: the daemon's own HTTP/2 client reconnects, and every job completes once, with its result."""
+    import random
+
+    from support.h2_peer import CuttingProxy
+
+    rng = random.Random(7)
+    proxy = CuttingProxy(server.grpc_address, lambda: rng.randrange(500, 4000))
+    ids = [server.enqueue("g-cut", {"do": "echo", "n": i}, max_retries=10) for i in range(30)]
+    # (no prefetch: a claim whose answer is cut strands its jobs for their 5 s lease, so keep claims small)
+    daemon = Daemon(server, "g-cut", procs=2, worker_id="g-cut", args=[
+        "--transport", "grpc", "--grpc-url", proxy.address, "--lease", "5", "--prefetch", "0"]).start()
+    try:
+        jobs = wait_for_status(server, ids, timeout=90)
+        for i, job in enumerate(jobs):
+            assert job["result"]["echo"] == {"do": "echo", "n": i}
+        assert proxy.cuts >= 3 and proxy.connections >= 4, (proxy.cuts, proxy.connections)
+        stats = server.stats()
+        assert stats["completed"] == 30 and stats["processing"] == 0 and stats["deadletter"] == 0, stats
+        ran = daemon.events("job completed")
+        assert len({e["job_id"] for e in ran}) == 30 and len(ran) == 30  # each job ran to completion once
+        assert daemon.proc.poll() is None and server.api_key not in daemon.out.text()
+    finally:
+        daemon.stop()
+        proxy.close()
+
+
+def _requests(port: int) -> float:
+    from conftest import scrape
+
+    return sum(v for (name, _), v in scrape(port).items() if name == "spooled_supervisor_api_requests_total")
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_grpc_daemon_costs_no_more_requests_than_an_idle_rest_one(server, daemons):
+    """Both idle on an empty queue for the same 12 s: gRPC's requests (its own calls and the REST events
+    stream it listens on) are no more than REST's."""
+    rest = Daemon(server, "idle-rest", procs=2, worker_id="idle-rest", args=["--health-port", "0"]).start()
+    try:
+        grpc_d = daemons("idle-grpc", procs=2, worker_id="idle-grpc", args=["--health-port", "0"])
+        rest.wait_ready()
+        grpc_d.wait_ready()
+        ports = rest.health_port, grpc_d.health_port
+        wait_until(lambda: all(_requests(p) >= 2 for p in ports), timeout=15, what="registered and a first claim")
+        before = [_requests(p) for p in ports]
+        time.sleep(12.0)  # the window measured, not a wait for something
+        spent = [_requests(p) - b for p, b in zip(ports, before, strict=True)]
+        assert spent[1] <= spent[0] + 1, f"idle for 12 s: REST made {spent[0]:g} requests, gRPC {spent[1]:g}"
+        assert spent[0] <= 6, spent  # idle means idle: a heartbeat every 10 s, no polling
+    finally:
+        rest.stop()

@@ -208,11 +208,23 @@ def _reader(stream) -> queue.Queue:
     return out
 
 
-def test_stream_jobs_one_job_out_at_a_time_and_woken_by_rest_enqueue(server, client):
+def _stub(server):
+    from supervisor.proto import spooled_pb2, spooled_pb2_grpc
+
+    channel = grpc.insecure_channel(server.grpc_address)
+    return channel, spooled_pb2_grpc.QueueServiceStub(channel), spooled_pb2, [("x-api-key", server.api_key)]
+
+
+def _started(server, job_id: str) -> float:
+    return parse_ts(server.job(job_id)["started_at"])
+
+
+def test_stream_jobs_one_job_out_at_a_time_on_the_one_second_clock(server, client):
+    """The stream holds one job; a settlement and an enqueue are noticed at its next 1 s turn, not sooner."""
     stream = client.queue.stream_jobs(Q, "streamer", lease_duration_secs=30)
     got = _reader(stream)
     try:
-        first = server.enqueue(Q, {"n": 1})  # created over REST: the stream wakes on it
+        first = server.enqueue(Q, {"n": 1})  # created over REST, noticed by the stream's next turn
         job = got.get(timeout=10)
         assert job.id == first and job.lease_id
         second = server.enqueue(Q, {"n": 2})
@@ -222,13 +234,24 @@ def test_stream_jobs_one_job_out_at_a_time_and_woken_by_rest_enqueue(server, cli
         assert got.empty()
         third = server.enqueue(Q, {"n": 3})
         assert client.queue.complete(job.id, "streamer", None, lease_id=job.lease_id).success
-        nxt = got.get(timeout=10)  # settled: the next one comes
+        settled = time.time()
+        nxt = got.get(timeout=10)  # settled: the next one comes at the stream's next turn
         assert nxt.id == third
+        # turns are 1 s apart: the third job was claimed a whole number of seconds after the first
+        gap = _started(server, third) - _started(server, first)
+        assert gap >= 0.95 and abs(gap - round(gap)) < 0.25, gap
+        assert _started(server, third) >= settled - 0.05  # and not before the first was settled
+        assert client.queue.complete(nxt.id, "streamer", None, lease_id=nxt.lease_id).success
+        # with nothing to hand out, the stream sleeps a whole second between its claims
+        fourth = server.enqueue(Q, {"n": 4})
+        assert got.get(timeout=10).id == fourth
+        gap = _started(server, fourth) - _started(server, third)
+        assert gap >= 0.95 and abs(gap - round(gap)) < 0.25, gap
     finally:
         stream.cancel()
 
 
-def test_stream_jobs_sleeps_until_a_scheduled_job_is_due_without_polling(server, client):
+def test_stream_jobs_sleeps_a_second_at_a_time_until_a_scheduled_job_is_due(server, client):
     from datetime import UTC, datetime
 
     import psutil
@@ -242,7 +265,8 @@ def test_stream_jobs_sleeps_until_a_scheduled_job_is_due_without_polling(server,
         due = time.time() + 2.0
         jid = server.enqueue(Q, {"n": 1}, scheduled_at=datetime.fromtimestamp(due, UTC).isoformat())
         job = got.get(timeout=15)
-        assert job.id == jid and time.time() >= due - 0.05  # delivered once due, not before
+        claimed = _started(server, jid)
+        assert job.id == jid and due - 0.05 <= claimed <= due + 1.5  # delivered once due, at most a turn late
         cpu = sum(ps.cpu_times()[:2]) - cpu0
         assert cpu < 0.3, f"the dev server burnt {cpu:.2f} s of CPU while the stream waited 2 s"
     finally:
@@ -260,6 +284,137 @@ def test_stream_jobs_next_job_after_the_lease_runs_out(server, client):
         assert nxt.id in (a, b)  # (the sweep may have put `a` back first)
     finally:
         stream.cancel()
+
+
+def test_stream_without_a_lease_gets_the_300_s_default(server, client):
+    stream = client.queue.stream_jobs(Q, "no-lease", lease_duration_secs=0)
+    got = _reader(stream)
+    try:
+        jid = server.enqueue(Q, {"n": 1})
+        assert got.get(timeout=10).id == jid
+        row = server.job(jid)
+        assert 299 <= parse_ts(row["lease_expires_at"]) - parse_ts(row["started_at"]) <= 301
+    finally:
+        stream.cancel()
+
+
+def test_a_job_held_by_a_stream_that_went_away_stays_leased_until_it_expires(server, client):
+    stream = client.queue.stream_jobs(Q, "leaver", lease_duration_secs=5)
+    got = _reader(stream)
+    jid = server.enqueue(Q, {"n": 1})
+    job = got.get(timeout=10)
+    assert job.id == jid
+    stream.cancel()  # gone without settling: there is no release call, and the server does not guess one
+    expires = parse_ts(server.job(jid)["lease_expires_at"])
+    claimed = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "other"}).json()
+    assert claimed["jobs"] == []
+    row = server.job(jid)
+    assert row["status"] == "processing" and row["lease_id"] == job.lease_id
+    row = wait_until(lambda: (r := server.job(jid))["status"] == "pending" and r, timeout=15, interval=0.1,
+                     what="the stranded job back once its lease ran out")
+    assert time.time() >= expires - 0.05 and row["retry_count"] == 1
+    claimed = server.request("POST", "/api/v1/jobs/claim", json={"queue_name": Q, "worker_id": "other"}).json()
+    assert [j["id"] for j in claimed["jobs"]] == [jid]
+
+
+def _open_streams(stub, pb, md, n: int, worker: str = "s") -> tuple[list, dict]:
+    """n StreamJobs calls on one channel; `ended` maps the index of each that ended to its status."""
+    calls, ended = [], {}
+    for i in range(n):
+        call = stub.StreamJobs(pb.StreamJobsRequest(queue_name=Q, worker_id=f"{worker}{i}", lease_duration_secs=30),
+                               metadata=md)
+        call.add_done_callback(lambda c, i=i: ended.setdefault(i, (c.code(), c.details())))
+        calls.append(call)
+    return calls, ended
+
+
+def _processing(stub, pb, md) -> int:
+    return stub.GetQueueStats(pb.GetQueueStatsRequest(queue_name=Q), metadata=md, timeout=10).processing
+
+
+def test_the_organization_holds_at_most_100_open_streams(server):
+    channel, stub, pb, md = _stub(server)
+    for i in range(101):
+        server.enqueue(Q, {"n": i})
+    calls, ended = _open_streams(stub, pb, md, 101)
+    try:
+        # one job out per stream: 100 jobs processing means 100 streams open, and one was refused
+        wait_until(lambda: ended and _processing(stub, pb, md) == 100, timeout=30, interval=0.2,
+                   what="100 streams holding a job each and one refused")
+        assert list(ended.values()) == [(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         "Stream limit reached: at most 100 open streams per organization")]
+    finally:
+        for c in calls:
+            c.cancel()
+        channel.close()
+
+
+def test_a_closed_stream_frees_its_place_and_process_jobs_counts_too(tmp_path):
+    server = start_server(tmp_path, "--grpc-stream-limit", "2")
+    channel, stub, pb, md = _stub(server)
+    try:
+        bidi_in: queue.Queue = queue.Queue()
+        bidi = stub.ProcessJobs(iter(bidi_in.get, None), metadata=md)
+        bidi_in.put(pb.ProcessRequest(dequeue=pb.DequeueRequest(queue_name=Q, worker_id="bidi")))
+        assert next(bidi).error.code == "NO_JOBS"  # the ProcessJobs stream is open, and it counts
+        calls, ended = _open_streams(stub, pb, md, 2)
+        wait_until(lambda: ended, timeout=20, what="the third stream refused")
+        assert list(ended.values()) == [(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                         "Stream limit reached: at most 2 open streams per organization")]
+        live = next(c for i, c in enumerate(calls) if i not in ended)
+        live.cancel()
+        bidi_in.put(None)
+        wait_until(lambda: bidi.done() and live.done(), timeout=10, what="both streams ended")
+        ids = {server.enqueue(Q, {"n": i}) for i in range(2)}
+        kept = []
+
+        def take_one():  # a freed place is free once the server has seen the cancel: try again until then
+            call = stub.StreamJobs(pb.StreamJobsRequest(queue_name=Q, worker_id=f"again{len(kept)}"), metadata=md)
+            item = _reader(call).get(timeout=10)
+            if isinstance(item, grpc.RpcError):
+                assert item.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                return None
+            kept.append(call)
+            return item.id
+        got = {wait_until(take_one, timeout=20, interval=0.2, what="a new stream accepted") for _ in range(2)}
+        assert got == ids  # two streams open again, one job out with each
+        for c in kept:
+            c.cancel()
+    finally:
+        channel.close()
+        server.stop()
+
+
+def test_malformed_stream_and_dequeue_requests_get_the_real_servers_errors(server):
+    channel, stub, pb, md = _stub(server)
+    try:
+        cases = [("", "w", "Queue name must be 1-255 characters"),
+                 ("-bad", "w", "Queue name cannot start with dots or dashes"),
+                 ("a b", "w", "Queue name can only contain alphanumeric characters, dashes, underscores, and dots"),
+                 (Q, "", "Worker ID is required")]
+        for queue_name, worker, message in cases:
+            with pytest.raises(grpc.RpcError) as info:
+                next(stub.StreamJobs(pb.StreamJobsRequest(queue_name=queue_name, worker_id=worker), metadata=md,
+                                     timeout=10))
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Dequeue(pb.DequeueRequest(queue_name=queue_name, worker_id=worker), metadata=md, timeout=10)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+        for req, message in ((pb.CompleteRequest(worker_id="w", lease_id="l"), "Job ID is required"),
+                             (pb.CompleteRequest(job_id="j", lease_id="l"), "Worker ID is required")):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Complete(req, metadata=md, timeout=10)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    finally:
+        channel.close()
+
+
+def test_a_long_error_is_cut_and_marked(server, client):
+    client.queue.enqueue(Q, {"x": 1}, max_retries=3)
+    job = _claim_one(client)
+    assert client.queue.fail(job.id, "w1", "é" * 3000, retry=True, lease_id=job.lease_id).success
+    stored = server.job(job.id)["last_error"]
+    assert stored.endswith("... [truncated]") and len(stored.encode()) <= 4096 and stored.startswith("éé")
 
 
 def test_process_jobs_answers_each_message_in_order(server, client):
@@ -295,6 +450,40 @@ def test_process_jobs_answers_each_message_in_order(server, client):
         assert server.job(j2.id)["status"] == "processing"
     finally:
         stream.cancel()
+
+
+def test_process_jobs_refusals_are_worded_as_the_real_server_words_them(tmp_path):
+    server = start_server(tmp_path, "--rate-limit", "2", "--rate-burst", "8")
+    channel, stub, pb, md = _stub(server)
+    requests_in: queue.Queue = queue.Queue()
+    answers = stub.ProcessJobs(iter(requests_in.get, None), metadata=md)
+    try:
+        def ask(**which):
+            requests_in.put(pb.ProcessRequest(**which))
+            return next(answers)
+        assert (ask().error.code, ask().error.message) == ("INVALID_REQUEST", "Empty request")
+        got = ask(dequeue=pb.DequeueRequest(queue_name=Q)).error
+        assert (got.code, got.message) == ("INVALID_ARGUMENT", "Worker ID is required")
+        got = ask(complete=pb.CompleteRequest(job_id="j", worker_id="w")).error
+        assert (got.code, got.message) == ("INVALID_ARGUMENT", "lease_id is required for job settlement")
+        got = ask(complete=pb.CompleteRequest(worker_id="w", lease_id="l")).error  # no job id: matches no job
+        assert (got.code, got.message) == ("NOT_FOUND", "Job not found or not authorized")
+        got = ask(dequeue=pb.DequeueRequest(queue_name="", worker_id="w")).error  # no queue: nothing to claim
+        assert got.code == "NO_JOBS"
+
+        def limited():
+            answer = ask(dequeue=pb.DequeueRequest(queue_name=Q, worker_id="w")).error
+            return answer if answer.code == "RATE_LIMIT_EXCEEDED" else None
+        got = wait_until(limited, timeout=10, interval=0, what="the rate limit, in band")
+        assert got.message == "status: 'Some resource has been exhausted', self: \"Rate limit exceeded\""
+        # the stream goes on: once the bucket refills, the next message is answered
+        wait_until(lambda: ask(dequeue=pb.DequeueRequest(queue_name=Q, worker_id="w")).error.code == "NO_JOBS",
+                   timeout=10, interval=0.3, what="an answer after the refusal")
+    finally:
+        requests_in.put(None)
+        answers.cancel()
+        channel.close()
+        server.stop()
 
 
 def test_rest_and_grpc_claim_each_others_jobs(server, client):

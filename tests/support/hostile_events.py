@@ -10,7 +10,7 @@ import threading
 import time
 from collections import Counter
 
-import requests
+from support.tls_proxy import forward
 
 MODES = ("flood", "flap", "comments")
 
@@ -46,16 +46,7 @@ class HostileEvents:
                 path = self._note()
                 if self.command == "GET" and path.endswith("/api/v1/events"):
                     return proxy.events(self)
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
-                r = requests.request(self.command, upstream + self.path, data=body, headers=headers, timeout=10)
-                self.send_response(r.status_code)
-                for k, v in r.headers.items():
-                    if k.lower() in ("content-type", "retry-after"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(r.content)))
-                self.end_headers()
-                self.wfile.write(r.content)
+                forward(self, upstream)
 
             do_GET = do_POST = do_PUT = do_DELETE = _forward
 

@@ -25,6 +25,21 @@ class _TlsProxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
 
+def forward(handler: http.server.BaseHTTPRequestHandler, upstream: str) -> None:
+    """Send the request `handler` holds to `upstream` and its answer back (the key and content type, the
+    status, the content type and Retry-After, the body)."""
+    body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+    headers = {k: v for k, v in handler.headers.items() if k.lower() in ("authorization", "content-type")}
+    r = requests.request(handler.command, upstream + handler.path, data=body, headers=headers, timeout=10)
+    handler.send_response(r.status_code)
+    for k, v in r.headers.items():
+        if k.lower() in ("content-type", "retry-after"):
+            handler.send_header(k, v)
+    handler.send_header("Content-Length", str(len(r.content)))
+    handler.end_headers()
+    handler.wfile.write(r.content)
+
+
 def tls_proxy(cert: str, key: str, upstream: str) -> tuple[_TlsProxy, int]:
     """An HTTPS front for `upstream` presenting `cert`, served by a thread; return it and its port (the
     caller shuts it down and closes it)."""
@@ -36,16 +51,7 @@ def tls_proxy(cert: str, key: str, upstream: str) -> tuple[_TlsProxy, int]:
             pass
 
         def _forward(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            headers = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "content-type")}
-            r = requests.request(self.command, upstream + self.path, data=body, headers=headers, timeout=10)
-            self.send_response(r.status_code)
-            for k, v in r.headers.items():
-                if k.lower() in ("content-type", "retry-after"):
-                    self.send_header(k, v)
-            self.send_header("Content-Length", str(len(r.content)))
-            self.end_headers()
-            self.wfile.write(r.content)
+            forward(self, upstream)
 
         do_GET = do_POST = _forward
 

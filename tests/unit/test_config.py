@@ -52,6 +52,7 @@ BAD_VALUES = {
     "SPOOLED_PREFETCH": ("1001", "auto or between 0 and 1000"),
     "SPOOLED_MAX_RPS": ("1e300", "above 0 and at most 1000000"),
     "SPOOLED_TRANSPORT": ("soap", "rest or grpc"),
+    "SPOOLED_GRPC_CLIENT": ("grpc-go", "wire or grpcio"),
     "SPOOLED_GRPC_URL": ("grpc.example.com", "HOST:PORT"),
     "SPOOLED_UNTIL_EMPTY": ("2", "1/true/yes/on or 0/false/no/off"),
     "SPOOLED_SHARE_API_KEY": ("sure", "1/true/yes/on or 0/false/no/off"),

@@ -1,0 +1,690 @@
+"""Unary gRPC over one HTTP/2 connection, driven by the parent's select loop (no thread, no grpcio).
+
+grpcio costs the parent 150-400 us of CPU per unary call (its completion-queue thread, the future and its
+callback, the GIL passed back and forth); this client writes the frames itself on a non-blocking socket the
+loop watches, as `loophttp` does for REST, and costs about a tenth of that. It speaks only what a unary call
+needs:
+
+- `H2Session` is sans-I/O: `start(path, message)` queues one call's HEADERS + DATA and returns its stream
+  id; `receive(data)` takes bytes from the socket and returns the calls it finished as `Answer`s;
+  `data_to_send()` is what to write next. It answers SETTINGS and PING, honours the peer's flow-control
+  windows, frame size and concurrent-stream limit (calls beyond it wait), replenishes its own receive
+  window, and on GOAWAY finishes the calls the server will not process as UNAVAILABLE ("not processed":
+  safe to send again) while the others complete.
+- Request headers are encoded without the dynamic table (so every call's block is the same bytes, built
+  once per method); the API key is a never-indexed literal. Answers are decoded with `hpack` (the
+  HTTP/2 header compression of the python-hyper project: Huffman and the dynamic table, with a cap on a
+  header list's size).
+- Anything the peer does wrong (garbage, an oversized frame or header list, a header block that does not
+  decode or is interrupted, a pushed stream we refused, bad SETTINGS or window sizes, a flood of frames that
+  finish no call, more unread output than MAX_UNSENT because it stopped reading) raises `ProtocolError`:
+  the connection is dropped and every call on it answers UNAVAILABLE. A message over MAX_MESSAGE, a
+  compressed or malformed message, or an answer without a grpc-status ends its call with INTERNAL; an
+  HTTP error status with UNAVAILABLE (502-504) or UNKNOWN.
+- A connection that was told GOAWAY, or has used up its stream ids, takes no new call: `H2Client.spent()`
+  tells its owner to open another one while the calls still out on it finish.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import hpack
+
+# hpack logs every header it decodes at DEBUG: a daemon run with --log-level DEBUG would print each answer's
+# headers several lines apiece, costing the loop more than the call
+logging.getLogger("hpack").setLevel(logging.WARNING)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 5, 6, 7, 8, 9
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
+S_HEADER_TABLE_SIZE, S_MAX_CONCURRENT, S_INITIAL_WINDOW, S_MAX_FRAME = 1, 3, 4, 5
+OUR_WINDOW = 16 * 1024 * 1024  # per stream and for the connection: more than any answer we accept
+MAX_MESSAGE = 4 * 1024 * 1024
+MAX_HEADER_LIST = 64 * 1024
+MAX_FRAME = 16384  # the default we keep (we never raise SETTINGS_MAX_FRAME_SIZE)
+MAX_WINDOW = (1 << 31) - 1
+LAST_STREAM_ID = (1 << 31) - 1
+MAX_UNSENT = 16 * 1024 * 1024  # bytes held for a peer that stopped reading before we give up
+FLOOD = 10_000  # frames in a row that finish no call (pings, settings, empty data...) before we give up
+READ_BUDGET = 256 * 1024  # bytes read per readiness event, so one connection never holds the loop
+UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN = 14, 1, 8, 13, 2
+# RST_STREAM error codes -> gRPC status (REFUSED_STREAM: not processed, safe to send again)
+_RST_STATUS = {0x7: UNAVAILABLE, 0x8: CANCELLED, 0xB: RESOURCE_EXHAUSTED}
+
+
+_HEAD = struct.Struct(">BHBBI")  # a frame header: length (3 bytes), type, flags, stream id
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/2 or gRPC framing: drop the connection."""
+
+
+@dataclass
+class Answer:
+    """One finished call: `status` is the gRPC status code (0 = OK, `message` the response bytes)."""
+
+    stream_id: int
+    status: int
+    details: str = ""
+    message: bytes | None = None
+    unprocessed: bool = False  # the server says it never acted on the call (REFUSED_STREAM, GOAWAY): send it again
+
+
+@dataclass
+class _Call:
+    path: str
+    body: bytes  # the length-prefixed gRPC message
+    sent: int = 0  # bytes of body already in DATA frames
+    window: int = 65535  # the peer's window for this stream
+    started: bool = False
+    headers_seen: bool = False
+    data: bytearray = field(default_factory=bytearray)
+    status: int | None = None
+    details: str = ""
+
+
+def _int(value: int, prefix_bits: int, first: int) -> bytes:
+    """An HPACK integer with `prefix_bits` bits in the first byte, whose other bits are `first`."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _literal(name: bytes | int, value: bytes, never_indexed: bool = False) -> bytes:
+    """A literal header field without indexing (or never indexed), name by static index or as a string."""
+    first = 0x10 if never_indexed else 0x00
+    head = _int(name, 4, first) if isinstance(name, int) else bytes((first,)) + _int(len(name), 7, 0) + name
+    return head + _int(len(value), 7, 0) + value
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream_id) + payload
+
+
+def grpc_message(body: bytes) -> bytes:
+    """A serialized protobuf as one uncompressed gRPC length-prefixed message."""
+    return b"\0" + struct.pack(">I", len(body)) + body
+
+
+class H2Session:
+    """One client HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
+
+    def __init__(self, authority: str, tls: bool, metadata: tuple[tuple[str, str], ...], user_agent: str):
+        self.out = bytearray(PREFACE)
+        # our settings: no server push, our stream window, and a header table the peer may use
+        self.out += frame(SETTINGS, 0, 0, struct.pack(">HIHIHI", 2, 0, S_INITIAL_WINDOW, OUR_WINDOW,
+                                                      S_HEADER_TABLE_SIZE, 4096))
+        self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", OUR_WINDOW - 65535))
+        fixed = b"\x83" + (b"\x87" if tls else b"\x86") + _literal(1, authority.encode())
+        fixed += _literal(31, b"application/grpc") + _literal(b"te", b"trailers")
+        fixed += _literal(58, user_agent.encode())
+        for name, value in metadata:  # the API key: never indexed, by us or any intermediary
+            fixed += _literal(name.encode(), value.encode(), never_indexed=True)
+        self._fixed = fixed
+        self._blocks: dict[str, bytes] = {}
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._decoded: dict[bytes, list] = {}  # header blocks known to decode to these fields (see _decode)
+        self.calls: dict[int, _Call] = {}
+        self.waiting: collections.deque[int] = collections.deque()  # started, not yet sent (stream limit)
+        self.blocked: collections.deque[int] = collections.deque()  # sent HEADERS, DATA waiting for window
+        self.next_id = 1
+        self.send_window = 65535  # the connection's, as the peer grants it
+        self.initial_window = 65535  # the peer's window for new streams
+        self.max_frame = MAX_FRAME
+        self.max_streams = 100  # until the peer's SETTINGS say otherwise
+        self.open = 0
+        self.unacked = 0  # bytes received since we last widened the connection's receive window
+        self.goaway = False  # the peer is going away: nothing new on this connection
+        self.buf = bytearray()
+        self.idle_frames = 0  # frames since the last finished call (see FLOOD)
+        self._headers: tuple[int, int, bytearray] | None = None  # (stream, flags, block) awaiting CONTINUATION
+
+    def spent(self) -> bool:
+        """No new call may go on this connection (GOAWAY, or its stream ids are used up)."""
+        return self.goaway or self.next_id > LAST_STREAM_ID
+
+    # ------------------------------------------------------------------ sending
+    def start(self, path: str, body: bytes) -> int:
+        """Queue a call of `path` with `body` (a serialized request); returns its stream id."""
+        sid = self.next_id
+        self.next_id += 2
+        self.calls[sid] = _Call(path, grpc_message(body), window=self.initial_window)
+        self.waiting.append(sid)
+        self._send_ready()
+        return sid
+
+    def cancel(self, sid: int) -> None:
+        """Give the call up (its deadline passed): the server is told, its answer will be ignored."""
+        call = self.calls.pop(sid, None)
+        if call is None:
+            return
+        if call.started:
+            self.open -= 1
+            self.out += frame(RST_STREAM, 0, sid, struct.pack(">I", 0x8))
+            if sid in self.blocked:
+                self.blocked.remove(sid)
+        elif sid in self.waiting:
+            self.waiting.remove(sid)
+        self._send_ready()
+
+    def data_to_send(self) -> bytes:
+        out, self.out = bytes(self.out), bytearray()
+        return out
+
+    def _block(self, path: str) -> bytes:
+        block = self._blocks.get(path)
+        if block is None:
+            block = self._blocks[path] = self._fixed[:2] + _literal(4, path.encode()) + self._fixed[2:]
+        return block
+
+    def _send_ready(self) -> None:
+        # a tenth of the peer's stream limit is left free: a server counts a stream open a little longer
+        # than its client does (until its own side is torn down) and refuses streams past its limit
+        limit = self.max_streams - self.max_streams // 10
+        while self.waiting and self.open < limit and not self.goaway:
+            sid = self.waiting.popleft()
+            call = self.calls[sid]
+            call.started = True
+            self.open += 1
+            block = self._block(call.path)
+            if len(block) > self.max_frame:  # (only with an enormous key): split into CONTINUATION frames
+                self.out += frame(HEADERS, 0, sid, block[:self.max_frame])
+                rest = block[self.max_frame:]
+                while rest:
+                    piece, rest = rest[:self.max_frame], rest[self.max_frame:]
+                    self.out += frame(CONTINUATION, 0 if rest else END_HEADERS, sid, piece)
+            else:
+                self.out += frame(HEADERS, END_HEADERS, sid, block)
+            self.blocked.append(sid)
+        self._send_data()
+
+    def _send_data(self) -> None:
+        """Send request bodies as far as the windows allow, in order."""
+        while self.blocked:
+            sid = self.blocked[0]
+            call = self.calls.get(sid)
+            if call is None:
+                self.blocked.popleft()
+                continue
+            while call.sent < len(call.body):
+                room = min(self.send_window, call.window, self.max_frame, len(call.body) - call.sent)
+                if room <= 0:
+                    return
+                piece = call.body[call.sent:call.sent + room]
+                call.sent += room
+                self.send_window -= room
+                call.window -= room
+                self.out += frame(DATA, END_STREAM if call.sent == len(call.body) else 0, sid, piece)
+            self.blocked.popleft()
+
+    # ---------------------------------------------------------------- receiving
+    def receive(self, data: bytes) -> list[Answer]:
+        """Bytes from the peer -> the calls they finished. Raises ProtocolError."""
+        if self.buf:
+            self.buf += data
+            buf = bytes(self.buf)
+        else:
+            buf = data
+        done: list[Answer] = []
+        pos, end, unpack = 0, len(buf), _HEAD.unpack_from
+        while end - pos >= 9:
+            high, low, kind, flags, sid = unpack(buf, pos)
+            length = high << 16 | low
+            if length > MAX_FRAME:
+                raise ProtocolError(f"a frame of {length} bytes (we allow {MAX_FRAME})")
+            if end - pos < 9 + length:
+                break
+            payload = buf[pos + 9:pos + 9 + length]
+            pos += 9 + length
+            finished = len(done)
+            self._frame(kind, flags, sid & 0x7FFFFFFF, payload, done)
+            if len(done) > finished:
+                self.idle_frames = 0
+            else:
+                self.idle_frames += 1
+                if self.idle_frames > FLOOD:
+                    raise ProtocolError(f"over {FLOOD} frames in a row that finish no call (a flood)")
+        self.buf = bytearray(buf[pos:]) if pos < end else bytearray()
+        if self.unacked >= OUR_WINDOW // 2:
+            self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.unacked))
+            self.unacked = 0
+        if len(self.out) > MAX_UNSENT:
+            raise ProtocolError(f"over {MAX_UNSENT} bytes unsent: the server does not read what we send")
+        return done
+
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if self._headers is not None and kind != CONTINUATION:
+            raise ProtocolError("a header block was interrupted")
+        handler = self._handlers.get(kind)
+        if handler is not None:  # PRIORITY, PUSH_PROMISE (refused by our settings), unknown kinds: ignored
+            handler(self, flags, sid, payload, done)
+
+    def _on_headers(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if not sid:
+            raise ProtocolError("HEADERS on stream 0")
+        payload = self._unpad(flags, payload)
+        if flags & PRIORITY:
+            payload = payload[5:]
+        if flags & END_HEADERS:
+            self._header_block(sid, flags, payload, done)
+        else:
+            self._headers = (sid, flags, bytearray(payload))
+
+    def _on_continuation(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if self._headers is None or self._headers[0] != sid:
+            raise ProtocolError("CONTINUATION without its HEADERS")
+        block = self._headers[2]
+        block += payload
+        if len(block) > MAX_HEADER_LIST:
+            raise ProtocolError("a header block over 64 KiB")
+        if flags & END_HEADERS:
+            hsid, hflags, _ = self._headers
+            self._headers = None
+            self._header_block(hsid, hflags, bytes(block), done)
+
+    def _on_settings(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if not flags & ACK:
+            self._settings(payload)
+            self.out += frame(SETTINGS, ACK, 0)
+
+    def _on_ping(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if len(payload) != 8 or sid:
+            raise ProtocolError("a PING of the wrong size or on a stream")
+        if not flags & ACK:
+            self.out += frame(PING, ACK, 0, payload[:8])
+
+    def _on_window(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        if len(payload) != 4:
+            raise ProtocolError("a WINDOW_UPDATE of the wrong size")
+        grant = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        if sid == 0:
+            self.send_window += grant
+            if self.send_window > MAX_WINDOW:
+                raise ProtocolError("a WINDOW_UPDATE past the largest window")
+        elif sid in self.calls:
+            call = self.calls[sid]
+            call.window += grant
+            if call.window > MAX_WINDOW:
+                raise ProtocolError("a WINDOW_UPDATE past the largest window")
+        self._send_data()
+
+    def _on_push(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        raise ProtocolError("a pushed stream (our SETTINGS refuse push)")
+
+    def _on_reset(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        call = self.calls.pop(sid, None)
+        if call is not None:
+            code = int.from_bytes(payload[:4], "big") if len(payload) >= 4 else 0
+            self._closed(sid, call)
+            done.append(Answer(sid, call.status if call.status is not None else _RST_STATUS.get(code, INTERNAL),
+                               call.details or f"the server reset the call (HTTP/2 error {code})",
+                               unprocessed=code == 0x7 and not call.headers_seen))
+
+    def _on_goaway(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF if len(payload) >= 4 else 0
+        self.goaway = True
+        for other in [s for s in self.calls if s > last]:
+            self._closed(other, self.calls.pop(other))
+            done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)", unprocessed=True))
+
+    def _unpad(self, flags: int, payload: bytes) -> bytes:
+        if not flags & PADDED:
+            return payload
+        if not payload or payload[0] >= len(payload):
+            raise ProtocolError("bad padding")
+        return payload[1:len(payload) - payload[0]]
+
+    def _settings(self, payload: bytes) -> None:
+        if len(payload) % 6:
+            raise ProtocolError("a SETTINGS frame of the wrong size")
+        for i in range(0, len(payload), 6):
+            key, value = struct.unpack(">HI", payload[i:i + 6])
+            if key == S_INITIAL_WINDOW:
+                if value > MAX_WINDOW:
+                    raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past the largest window")
+                delta, self.initial_window = value - self.initial_window, value
+                for call in self.calls.values():
+                    call.window += delta
+            elif key == S_MAX_FRAME:
+                if not MAX_FRAME <= value < 1 << 24:
+                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
+                self.max_frame = value
+            elif key == S_MAX_CONCURRENT:
+                self.max_streams = value
+        self._send_ready()
+
+    def _data(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+        self.unacked += len(payload)
+        call = self.calls.get(sid)
+        if call is None:
+            return  # a call we gave up
+        call.data += self._unpad(flags, payload)
+        if len(call.data) > MAX_MESSAGE + 5:
+            self.calls.pop(sid)
+            self._closed(sid, call)
+            self.out += frame(RST_STREAM, 0, sid, struct.pack(">I", 0x8))
+            done.append(Answer(sid, INTERNAL, f"an answer over {MAX_MESSAGE} bytes"))  # not a rate limit: a bad answer
+            return
+        if flags & END_STREAM:  # no trailers: not a gRPC answer
+            self.calls.pop(sid)
+            self._closed(sid, call)
+            done.append(Answer(sid, call.status, call.details) if call.status is not None else
+                        Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
+
+    def _decode(self, block: bytes) -> list:
+        """A header block's fields. The server's blocks repeat byte for byte once its table is warm, and a
+        block that left the dynamic table as it was decodes the same way until the table changes: those
+        are remembered (the cache is emptied whenever a block changes the table)."""
+        known = self._decoded.get(block)
+        if known is not None:
+            return known
+        table = self.decoder.header_table
+        entries = table.dynamic_entries
+        before = (len(entries), table.maxsize, entries[0] if entries else None)
+        try:
+            headers = list(self.decoder.decode(block, raw=True))
+        except Exception as exc:  # hpack's errors, and anything a hostile block provokes
+            raise ProtocolError(f"a header block that does not decode: {type(exc).__name__}") from None
+        after = (len(entries), table.maxsize, entries[0] if entries else None)
+        if after[:2] != before[:2] or after[2] is not before[2]:
+            self._decoded.clear()
+        elif len(self._decoded) < 64:
+            self._decoded[block] = headers
+        return headers
+
+    def _header_block(self, sid: int, flags: int, block: bytes, done: list[Answer]) -> None:
+        headers = self._decode(block)
+        call = self.calls.get(sid)
+        if call is None:
+            return  # (decoded all the same: the table must stay in step)
+        status = details = None
+        for name, value in headers:
+            if name == b"grpc-status":
+                status = value
+            elif name == b"grpc-message":
+                details = value
+            elif name == b":status" and value != b"200" and call.status is None:
+                call.status = UNAVAILABLE if value in (b"502", b"503", b"504") else UNKNOWN
+                call.details = f"HTTP status {value.decode('latin-1')} instead of a gRPC answer"
+        if not flags & END_STREAM:
+            if call.headers_seen:
+                raise ProtocolError("trailers without END_STREAM")
+            call.headers_seen = True
+            return
+        self.calls.pop(sid)
+        self._closed(sid, call)
+        done.append(self._outcome(sid, call, status, details))
+
+    @staticmethod
+    def _outcome(sid: int, call: _Call, status: bytes | None, details: bytes | None) -> Answer:
+        if call.status is not None:
+            return Answer(sid, call.status, call.details)
+        if status is None:
+            return Answer(sid, INTERNAL, "the server ended the call without a gRPC status")
+        code = int(status) if status.isdigit() and len(status) <= 3 else UNKNOWN
+        text = unquote(details.decode("utf-8", "replace"), errors="replace") if details else ""
+        if code != 0:
+            return Answer(sid, code, text)
+        body = bytes(call.data)
+        if len(body) < 5 or body[0] not in (0, 1) or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            return Answer(sid, INTERNAL, "the answer is not one gRPC message")
+        if body[0] == 1:
+            return Answer(sid, INTERNAL, "a compressed answer (we asked for none)")
+        return Answer(sid, 0, "", body[5:])
+
+    _handlers: dict = {}
+
+    def _closed(self, sid: int, call: _Call) -> None:
+        if call.started:
+            self.open -= 1
+        elif sid in self.waiting:
+            self.waiting.remove(sid)
+        if sid in self.blocked:
+            self.blocked.remove(sid)
+        self._send_ready()
+
+    def fail_all(self, details: str) -> list[Answer]:
+        """Every call still open, answered UNAVAILABLE (the connection is gone)."""
+        out = [Answer(sid, UNAVAILABLE, details) for sid in self.calls]
+        self.calls.clear()
+        self.waiting.clear()
+        self.blocked.clear()
+        self.open = 0
+        return out
+
+
+H2Session._handlers = {DATA: H2Session._data, HEADERS: H2Session._on_headers, CONTINUATION: H2Session._on_continuation,
+                       SETTINGS: H2Session._on_settings, PUSH_PROMISE: H2Session._on_push, PING: H2Session._on_ping,
+                       WINDOW_UPDATE: H2Session._on_window, RST_STREAM: H2Session._on_reset,
+                       GOAWAY: H2Session._on_goaway}
+
+
+# ---------------------------------------------------------------------- the loop's socket
+class H2Client:
+    """The socket side of `H2Session` for the parent's selector: connects (TLS with ALPN h2 when asked),
+    writes what the session has to send, feeds it what arrives. Registered with data ("http", self), so
+    the loop hands its events to the owner, who calls `on_ready`. `answers` collects (context, Answer)
+    for the owner to take; a broken connection answers all its calls UNAVAILABLE and the next call opens
+    a new one (with `metadata()` as it is then). Loop thread only; addresses come from `addresses()` (None
+    until known: no call waits on a lookup on the loop)."""
+
+    def __init__(self, sel: Any, addresses: Callable[[], list | None], authority: str, host: str, ssl_context: Any,
+                 metadata: Callable[[], tuple], user_agent: str):
+        self.sel, self.addresses, self.authority, self.host = sel, addresses, authority, host
+        self.ssl_context = ssl_context
+        self.metadata, self.user_agent = metadata, user_agent
+        self.sock: Any = None
+        self.session: H2Session | None = None
+        self.state = "closed"  # closed, connecting, handshake, ready
+        self.contexts: dict[int, object] = {}  # stream id -> the owner's context for that call
+        self.answers: list[tuple[object, Answer]] = []
+        self.events = 0
+        self.answered_at = 0.0  # monotonic time the peer last finished a call on this connection
+        self.connections = 0
+        self.last_error = ""
+        self._next_addr = 0
+
+    def spent(self) -> bool:
+        """The connection takes no new call (GOAWAY, or its stream ids are used up): the owner opens another
+        client for new calls while this one finishes the calls still out on it (`contexts`)."""
+        return self.session is not None and self.session.spent()
+
+    def call(self, path: str, body: bytes, context: object) -> tuple[H2Session, int] | None:
+        """Start a call; None when no connection could be started (why: `last_error`)."""
+        if self.session is None or self.session.spent():
+            if not self._connect():
+                return None
+        assert self.session is not None
+        sid = self.session.start(path, body)
+        self.contexts[sid] = context
+        self._flush()
+        return self.session, sid
+
+    def cancel(self, handle: tuple[H2Session, int]) -> None:
+        """Give a call up; its answer, if one still comes, is dropped."""
+        session, sid = handle
+        if session is self.session:
+            self.contexts.pop(sid, None)
+            session.cancel(sid)
+            self._flush()
+
+    def silent_since(self, t: float) -> bool:
+        """The server finished no call on this connection since monotonic time `t`: with a call started
+        then and timed out, the link is presumed dead (pings or a trickle of bytes do not keep it)."""
+        return self.session is not None and self.answered_at < t
+
+    def _connect(self) -> bool:
+        import errno
+        import os
+        import socket
+
+        if self.session is not None:  # spent: its calls still open end UNAVAILABLE (sent again safely)
+            self.drop("the server went away")
+        addrs = self.addresses()
+        if not addrs:
+            self.last_error = "the host's address is not known yet"
+            return False
+        family, type_, proto, _, addr = addrs[self._next_addr % len(addrs)]
+        try:
+            sock = socket.socket(family, type_, proto)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = sock.connect_ex(addr)
+        except OSError as exc:
+            self._next_addr += 1
+            self.last_error = f"cannot connect: {exc}"
+            return False
+        if err not in (0, errno.EINPROGRESS, errno.EAGAIN):
+            sock.close()
+            self._next_addr += 1
+            self.last_error = f"cannot connect: {os.strerror(err)}"
+            return False
+        self.sock, self.state = sock, "connecting"
+        self.session = H2Session(self.authority, self.ssl_context is not None, self.metadata(), self.user_agent)
+        self.connections += 1
+        self._watch(_W)
+        return True
+
+    def _watch(self, events: int) -> None:
+        if events == self.events or self.sock is None:
+            return
+        try:
+            if self.events:
+                self.sel.modify(self.sock, events, ("http", self))
+            else:
+                self.sel.register(self.sock, events, ("http", self))
+        except (KeyError, ValueError):
+            self.sel.register(self.sock, events, ("http", self))
+        self.events = events
+
+    def on_ready(self, mask: int, now: float) -> None:
+        import socket
+        import ssl
+
+        if self.sock is None:
+            return
+        try:
+            if self.state == "connecting":
+                err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err:
+                    self._next_addr += 1
+                    raise ConnectionRefusedError(err, "connection refused")
+                if self.ssl_context is not None:
+                    self.sel.unregister(self.sock)
+                    self.events = 0
+                    self.sock = self.ssl_context.wrap_socket(self.sock, server_hostname=self.host,
+                                                             do_handshake_on_connect=False)
+                    self.state = "handshake"
+                else:
+                    self.state = "ready"
+            if self.state == "handshake":
+                self.sock.do_handshake()
+                if self.sock.selected_alpn_protocol() != "h2":
+                    raise ProtocolError("the server did not agree to HTTP/2 (ALPN)")
+                self.state = "ready"
+            if mask & _R or self.state == "ready":
+                self._read(now)
+            self._flush()
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as want:
+            self._watch(_R if isinstance(want, ssl.SSLWantReadError) else _W)
+        except (OSError, ValueError, ProtocolError) as exc:
+            self.drop(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # whatever a peer provokes ends its connection, never the loop
+            self.drop(f"the HTTP/2 client failed on what the server sent: {type(exc).__name__}")
+
+    def _read(self, now: float) -> None:
+        import ssl
+
+        assert self.sock is not None and self.session is not None
+        budget = READ_BUDGET  # a peer that sends without pause gets the loop back after this much
+        while budget > 0:
+            try:
+                data = self.sock.recv(min(budget, 65536))
+            except (BlockingIOError, ssl.SSLWantReadError):
+                return
+            if not data:
+                raise ConnectionResetError("the server closed the connection mid-answer" if self.contexts else
+                                           "the server closed the connection")
+            budget -= len(data)
+            self._take(data, now)
+            pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+            if len(data) < 65536 and not pending:
+                return
+        pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
+        if pending:  # bytes already decrypted raise no readiness event: take them now (one record at most)
+            self._take(self.sock.recv(pending), now)
+
+    def _take(self, data: bytes, now: float) -> None:
+        assert self.session is not None
+        answers = self.session.receive(data)
+        if answers:
+            self.answered_at = now
+        for answer in answers:
+            self._answer(answer)
+
+    def _answer(self, answer: Answer) -> None:
+        context = self.contexts.pop(answer.stream_id, None)
+        if context is not None:
+            self.answers.append((context, answer))
+
+    def _flush(self) -> None:
+        import ssl
+
+        if self.sock is None or self.session is None or self.state != "ready":
+            return
+        out = self.session.data_to_send()
+        if out:
+            self.session.out = bytearray(out)  # whatever is not written stays first in line
+            try:
+                sent = self.sock.send(out)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as exc:  # reset or broken pipe: every call on it ends UNAVAILABLE, never raised
+                return self.drop(f"{type(exc).__name__}: {exc}")
+            del self.session.out[:sent]
+        self._watch(_R | _W if self.session.out else _R)
+
+    def _fail_calls(self, why: str) -> None:
+        for sid in list(self.contexts):
+            self._answer(Answer(sid, UNAVAILABLE, why))
+
+    def drop(self, why: str) -> None:
+        """Close the connection; every call on it is answered UNAVAILABLE with `why`."""
+        session, sock = self.session, self.sock
+        self.session, self.sock, self.state = None, None, "closed"
+        if sock is not None:
+            try:
+                if self.events:
+                    self.sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            self.events = 0
+            try:
+                sock.close()
+            except OSError:
+                pass
+        if session is not None:
+            for answer in session.fail_all(why):
+                self._answer(answer)
+        self._fail_calls(why)
+
+    def close(self) -> None:
+        self.drop("closed")
+        self.answers.clear()
+
+
+_R, _W = 1, 2  # selectors.EVENT_READ, selectors.EVENT_WRITE
