@@ -208,8 +208,9 @@ def test_official_sdk_worker_runs_unchanged_against_the_server(dev_server):
     ok = [c.jobs.create({"queue_name": "sdkw", "payload": {"n": i}}).id for i in range(6)]
     slow = c.jobs.create({"queue_name": "sdkw", "payload": {"sleep": 1.3}}).id
     bad = c.jobs.create({"queue_name": "sdkw", "payload": {"fail": True}, "max_retries": 0}).id
-    worker = SpooledWorker(c, "sdkw", concurrency=4, poll_interval=0.1, lease_duration=5, heartbeat_fraction=0.2,
-                           hostname="sdk-host", worker_id="sdk-worker", shutdown_timeout=5)
+    # the worker has a client of its own, as an application's would: the test's polling never shares its pool
+    worker = SpooledWorker(sdk(dev_server), "sdkw", concurrency=4, poll_interval=0.1, lease_duration=5,
+                           heartbeat_fraction=0.2, hostname="sdk-host", worker_id="sdk-worker", shutdown_timeout=5)
 
     @worker.process
     def handle(ctx):
@@ -238,6 +239,10 @@ def test_official_sdk_worker_runs_unchanged_against_the_server(dev_server):
         return stats.completed == 7 and stats.deadletter == 1
 
     try:
+        # once on a busy CI host the worker was still "idle" 45 s after its thread started: say so apart
+        wait_until(lambda: worker.state != "idle" or not t.is_alive(), timeout=20, interval=0.05,
+                   what=f"the SDK worker's start (its thread alive: {t.is_alive()}, "
+                        f"threads: {[th.name for th in threading.enumerate()]})")
         # a busy CI host once took more than 20 s here; the SDK's own errors (a poll that failed) say why
         try:
             wait_until(finished, timeout=45, interval=0.1, what="SDK worker to finish every job")
