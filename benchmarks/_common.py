@@ -6,6 +6,7 @@ here is stopped by its owner (`stop()`), by pid, never by name.
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -211,7 +212,7 @@ class Daemon:
     def wait_ready(self, timeout: float = 60.0) -> Daemon:
         assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
-        while '"msg":"ready"' not in self.log():
+        while not self.every_child_up():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 text = self.log()[-2000:]
                 self.stop()
@@ -219,6 +220,21 @@ class Daemon:
             time.sleep(0.05)
         self.ps = psutil.Process(self.proc.pid)
         return self
+
+    def every_child_up(self) -> bool:
+        """The daemon said `ready` with every child up, or `every child is up` after (a daemon that logs `ready`
+        with one child up names how many; an older one says `ready` only once all are)."""
+        for line in self.log().splitlines():
+            if '"msg":"every child is up"' in line:
+                return True
+            if '"msg":"ready"' in line:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("children", rec.get("procs")) == rec.get("procs"):
+                    return True
+        return False
 
     def log(self) -> str:
         try:

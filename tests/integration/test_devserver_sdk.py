@@ -199,62 +199,42 @@ def test_expired_leases_are_recovered_or_fenced(tmp_path):
 
 @pytest.mark.timeout(90)
 def test_official_sdk_worker_runs_unchanged_against_the_server(dev_server):
-    """SpooledWorker: register, claim, job heartbeats, complete, fail, worker heartbeat, deregister."""
-    import threading
+    """SpooledWorker, in a process of its own as an application runs it: register, claim, job heartbeats,
+    complete, fail, worker heartbeat, and on SIGTERM its drain and deregister."""
+    import os
+    import signal
+    import subprocess
+    import sys
 
-    from spooled.worker import SpooledWorker
+    from conftest import ROOT, OutputPump
 
     c = sdk(dev_server)
     ok = [c.jobs.create({"queue_name": "sdkw", "payload": {"n": i}}).id for i in range(6)]
     slow = c.jobs.create({"queue_name": "sdkw", "payload": {"sleep": 1.3}}).id
     bad = c.jobs.create({"queue_name": "sdkw", "payload": {"fail": True}, "max_retries": 0}).id
-    # the worker has a client of its own, as an application's would: the test's polling never shares its pool
-    worker = SpooledWorker(sdk(dev_server), "sdkw", concurrency=4, poll_interval=0.1, lease_duration=5,
-                           heartbeat_fraction=0.2, hostname="sdk-host", worker_id="sdk-worker", shutdown_timeout=5)
-
-    @worker.process
-    def handle(ctx):
-        if ctx.payload.get("fail"):
-            raise RuntimeError("handler exploded")
-        if "sleep" in ctx.payload:
-            time.sleep(ctx.payload["sleep"])  # outlives two 1 s lease-renewal timers
-        return {"double": ctx.payload.get("n", 0) * 2}
-
-    errors: list[str] = []
-    worker.on("error", lambda data: errors.append(repr(data.error)))
-
-    def start() -> None:
-        try:
-            worker.start()
-        except BaseException as exc:  # noqa: BLE001 - told to the test below, which would otherwise just wait
-            errors.append(f"start: {exc!r}")
-            raise
-
-    t = threading.Thread(target=start, daemon=True)
-    t.start()
+    env = {**os.environ, "SPOOLED_API_KEY": dev_server.api_key}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "support" / "sdk_worker_proc.py"), dev_server.url],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = OutputPump(proc.stdout)
 
     def finished() -> bool:
-        assert t.is_alive() or not [e for e in errors if e.startswith("start:")], errors
+        assert proc.poll() is None, "\n".join(out.lines)
         stats = c.jobs.get_stats()
         return stats.completed == 7 and stats.deadletter == 1
 
     try:
-        # once on a busy CI host the worker was still "idle" 45 s after its thread started: say so apart
-        wait_until(lambda: worker.state != "idle" or not t.is_alive(), timeout=20, interval=0.05,
-                   what=f"the SDK worker's start (its thread alive: {t.is_alive()}, "
-                        f"threads: {[th.name for th in threading.enumerate()]})")
-        # a busy CI host once took more than 20 s here; the SDK's own errors (a poll that failed) say why
         try:
             wait_until(finished, timeout=45, interval=0.1, what="SDK worker to finish every job")
         except AssertionError as exc:
             jobs = [(j["id"][:8], j["status"], j["retry_count"], j.get("last_error"))
                     for j in dev_server.request("GET", "/api/v1/jobs?queue_name=sdkw&limit=100").json()]
-            raise AssertionError(f"{exc}; the SDK worker's errors: {errors}; its state {worker.state}; "
-                                 f"the jobs: {jobs}") from None
+            raise AssertionError(f"{exc}; the jobs: {jobs}; the worker said: {out.lines[-20:]}") from None
         assert dev_server.worker("sdk-worker")["status"] == "healthy"
     finally:
-        worker.stop()
-        t.join(10)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(20)
+    assert code == 0, "\n".join(out.lines)
+    assert not [line for line in out.lines if line.startswith("event: error")], out.lines
     assert [c.jobs.get(j).result for j in ok] == [{"double": i * 2} for i in range(6)]
     assert c.jobs.get(slow).status == "completed"
     dead = c.jobs.get(bad)
