@@ -232,7 +232,7 @@ class Daemon:
                     rec = json.loads(line)
                 except ValueError:
                     continue
-                if rec.get("children", rec.get("procs")) == rec.get("procs"):
+                if "procs" not in rec or rec.get("children") == rec["procs"]:
                     return True
         return False
 
