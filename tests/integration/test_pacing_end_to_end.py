@@ -37,7 +37,10 @@ def test_children_freeing_at_once_are_claimed_for_in_one_claim(dev_server, daemo
     by_claim = Counter(j["lease_id"][:36] for j in jobs)  # lease_id = <one uuid per claim>-<job id>
     assert 4 <= max(by_claim.values()) <= 5
     assert len(by_claim) <= 8, by_claim  # four rounds, one claim each on a quiet machine; 7 seen under coverage
-    assert after - before <= len(by_claim) + 1  # the server saw those claims (and one poll before the jobs)
+    found_nothing = after - before - len(by_claim)  # the server saw every claim that carried jobs, and:
+    # the idle daemon's poll before the jobs, and, when this test reads the count late on a loaded machine,
+    # the claim ahead for the last round's ends (the queue is empty by then) and an idle poll after it
+    assert 0 <= found_nothing <= 3, (after - before, by_claim)
     assert all(j["retry_count"] == 0 for j in jobs)
     assert d.proc.poll() is None
 
