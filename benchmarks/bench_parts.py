@@ -8,8 +8,11 @@ Rows:
           answers (a batch of up to 100 jobs, answered at the next turn), hand-outs to two fake children,
           their outcomes the turn after, the reports and their answers. The figure is the CPU per job
           from the claim's answer to the report's acknowledgement (the loop's own cost is in it too).
-  frames  the frames one job costs on the wire between the parent and a child: the parent encodes the
-          job frame, the child decodes it, encodes its `done`, the parent decodes that into its fact.
+  frames_parent, frames_child
+          the frames one job costs on the wire between the parent and a child, each side apart: the
+          parent encodes the job frame and decodes a `done` into its fact; the child decodes the job
+          frame and encodes its `done`. The parent's side is what the daemon's throughput pays (one
+          loop for every child); each child pays its own side beside its handler.
 
 Each row runs `--rounds` times; the figure is the median (us per job). The script measures whichever
 tree it is run from (`--root PATH` measures another checkout, e.g. a `git worktree` of an older commit,
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent.parent
+ROWS = ("parts", "frames_parent", "frames_child")
 JOB = {"id": "", "queue_name": "q", "payload": {"ms": 0, "text": "x" * 40}, "retry_count": 0, "max_retries": 3,
        "timeout_seconds": 300, "lease_id": "", "lease_expires_at": "2026-12-01T07:30:00.123Z"}
 
@@ -169,56 +173,84 @@ def parts_wing(jobs: int) -> float:
     return (time.process_time() - t0) / jobs * 1e6
 
 
-def frames_old(jobs: int) -> float:
-    """Dict frames: what each side read of them is read here too (the child's job fields, which its context
-    read, and the parent's `done` fields), so both rows do the same work."""
+def frames_old(jobs: int) -> tuple[float, float]:
+    """Dict frames, each side timed apart: the parent encodes the job frame and reads a `done`; the child
+    reads the job frame and encodes its `done`. What each side read of them is read here too (the child's
+    job fields, which its context read, and the parent's `done` fields), so both trees do the same work."""
     from supervisor import exactjson
     from supervisor.child import wire
     job = {**JOB, "id": "j1", "lease_id": "L1"}
+    down_bytes = wire.encode({"t": "job", "job": job})
+    up_bytes = wire.encode({"t": "done", "id": "j1", "ok": True, "result": {"ok": 1}})
     t0 = time.process_time()
-    for _ in range(jobs):
-        down = wire.encode({"t": "job", "job": job})
-        got = exactjson.loads(memoryview(down)[4:])
+    for _ in range(jobs):  # the parent
+        wire.encode({"t": "job", "job": job})
+        msg = exactjson.loads(memoryview(bytearray(up_bytes))[4:])  # from the reader's buffer, as it read it
+        following = msg.get("next")
+        ok = bool(msg.get("ok"))
+        value = msg.get("result") if ok else (msg.get("error") or "Job failed")
+        assert msg.get("t") == "done" and ok and value and (msg.get("id") or "") and following is None
+    t1 = time.process_time()
+    for _ in range(jobs):  # the child
+        got = exactjson.loads(memoryview(bytearray(down_bytes))[4:])
         assert got.get("t") == "job" and not got.get("held") and got.get("start_by") is None
         raw = got["job"]
         fields = (raw["id"], raw.get("queue_name", ""), raw.get("payload"), int(raw.get("retry_count") or 0),
                   int(raw.get("max_retries") or 0), raw.get("timeout_seconds"), raw.get("lease_id"),
                   raw.get("lease_expires_at"))
-        up = wire.encode({"t": "done", "id": fields[0], "ok": True, "result": {"ok": 1}})
-        msg = exactjson.loads(memoryview(up)[4:])
-        following = msg.get("next")
-        ok = bool(msg.get("ok"))
-        value = msg.get("result") if ok else (msg.get("error") or "Job failed")
-        assert msg.get("t") == "done" and ok and value and (msg.get("id") or "") and following is None
-    return (time.process_time() - t0) / jobs * 1e6
+        wire.encode({"t": "done", "id": fields[0], "ok": True, "result": {"ok": 1}})
+    t2 = time.process_time()
+    return (t1 - t0) / jobs * 1e6, (t2 - t1) / jobs * 1e6
 
 
-def frames_typed(jobs: int) -> float:
-    """Typed frames: the parent's `JobFrame` of a parsed `Job`, the child's `Done`, each decoded on arrival."""
+def frames_typed(jobs: int) -> tuple[float, float]:
+    """Typed frames, each side timed apart: the parent's `JobFrame` of a parsed `Job` and its reading of a
+    `done`; the child's reading of the job frame and its `Done`. Each is read from the reader's buffer as
+    the readers do (`wire.unpack`; a tree from before it read each frame with exactjson)."""
     from supervisor import exactjson
     from supervisor.child import wire
     from supervisor.job import Job
+
+    def unpack(buf: bytearray) -> list:
+        return [exactjson.loads(memoryview(buf)[4:])]
+
+    unpack = getattr(wire, "unpack", unpack)
     job = Job.parse({**JOB, "id": "j1", "lease_id": "L1"})
     assert job is not None
+    encode_job = getattr(wire, "encode_job", None) or (lambda job: wire.encode(wire.job_frame(job)))
+    down_bytes = encode_job(job)
+    up_bytes = wire.encode(wire.done_ok("j1", {"ok": 1}))
     t0 = time.process_time()
-    for _ in range(jobs):
-        down = wire.encode(wire.job_frame(job))
-        got = wire.decode_down(exactjson.loads(memoryview(down)[4:]))
-        assert isinstance(got, wire.JobFrame) and not got.held
-        up = wire.encode(wire.done_ok(got.job.id, {"ok": 1}))
-        msg = wire.decode_up(exactjson.loads(memoryview(up)[4:]))
+    for _ in range(jobs):  # the parent
+        encode_job(job)
+        (back,) = unpack(bytearray(up_bytes))
+        msg = wire.decode_up(back)
         assert isinstance(msg, wire.Done) and msg.ok and msg.result and msg.id and msg.next is None
-    return (time.process_time() - t0) / jobs * 1e6
+    t1 = time.process_time()
+    for _ in range(jobs):  # the child
+        (sent,) = unpack(bytearray(down_bytes))
+        got = wire.decode_down(sent)
+        assert isinstance(got, wire.JobFrame) and not got.held
+        wire.encode(wire.done_ok(got.job.id, {"ok": 1}))
+    t2 = time.process_time()
+    return (t1 - t0) / jobs * 1e6, (t2 - t1) / jobs * 1e6
 
 
 def measure(jobs: int, rounds: int) -> dict:
     """Every row for the tree on sys.path (the jobs wing's layout if it has one)."""
     wing = importlib.util.find_spec("supervisor.parent.jobs") is not None
-    rows = {"parts": parts_wing if wing else parts_old, "frames": frames_typed if wing else frames_old}
+    parts = parts_wing if wing else parts_old
+    frames = frames_typed if wing else frames_old
     out: dict[str, Any] = {"layout": "jobs wing" if wing else "parts"}
-    for name, fn in rows.items():
-        fn(min(jobs, 2000))  # warm up
-        values = [fn(jobs) for _ in range(rounds)]
+    parts(min(jobs, 2000))  # warm up
+    frames(min(jobs, 2000))
+    runs: dict[str, list[float]] = {name: [] for name in ROWS}
+    for _ in range(rounds):
+        runs["parts"].append(parts(jobs))
+        parent, child = frames(jobs)
+        runs["frames_parent"].append(parent)
+        runs["frames_child"].append(child)
+    for name, values in runs.items():
         out[name] = {"us_per_job": round(statistics.median(values), 2), "runs": [round(v, 2) for v in values]}
     return out
 
@@ -245,16 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for root, got in runs.items():
         results[root] = {"layout": got[0]["layout"]}
-        for name in ("parts", "frames"):
+        for name in ROWS:
             values = [v for r in got for v in r[name]["runs"]]
             results[root][name] = {"us_per_job": round(statistics.median(values), 2), "runs": values}
     first = next(iter(results.values()))
-    print(f"{'tree':40} {'layout':10} {'parts us/job':>13} {'frames us/job':>14} {'parts ratio':>12} "
-          f"{'frames ratio':>13}")
+    print(f"{'tree':32} {'layout':10}" + "".join(f" {name + ' us/job':>20}" for name in ROWS)
+          + "".join(f" {name + ' ratio':>19}" for name in ROWS))
     for root, r in results.items():
-        print(f"{root[-40:]:40} {r['layout']:10} {r['parts']['us_per_job']:13.2f} {r['frames']['us_per_job']:14.2f} "
-              f"{r['parts']['us_per_job'] / first['parts']['us_per_job']:12.3f} "
-              f"{r['frames']['us_per_job'] / first['frames']['us_per_job']:13.3f}")
+        print(f"{root[-32:]:32} {r['layout']:10}" + "".join(f" {r[name]['us_per_job']:20.2f}" for name in ROWS)
+              + "".join(f" {r[name]['us_per_job'] / first[name]['us_per_job']:19.3f}" for name in ROWS))
     line = json.dumps({"jobs": args.jobs, "rounds": args.rounds, "results": results})
     print(line)
     if args.json:

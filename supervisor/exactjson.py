@@ -44,11 +44,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name}: {_NOT_JSON_CONSTANT}")
 
 
+def may_hold_wide_int(data: bytes | bytearray) -> bool:
+    """Whether JSON text `data` has a run of 19 digits or more (an integer orjson may read as a float, or
+    digits inside a string: `loads` takes its exact path for either)."""
+    return _WIDE_INT in data.translate(_DIGITS_TO_ZERO)
+
+
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """Parse JSON text; integers of any size come back as `int`. Raises ValueError on bad JSON
     (orjson.JSONDecodeError is one)."""
     raw = data.encode() if isinstance(data, str) else data
-    if _WIDE_INT not in (raw if isinstance(raw, bytes | bytearray) else bytes(raw)).translate(_DIGITS_TO_ZERO):
+    if not may_hold_wide_int(raw if isinstance(raw, bytes | bytearray) else bytes(raw)):
         return orjson.loads(raw)
     raw = bytes(raw)
     orjson.loads(_LONG_DIGITS.sub(b"0", raw))  # the syntax check both paths share (raises JSONDecodeError)
@@ -90,19 +96,25 @@ def dumps(value: Any) -> bytes:
 def dumps_strict(value: Any, name: str = "value") -> bytes:
     """Like `dumps`, but a value with no JSON form raises NotJSON, e.g.
     "float('nan') at result['x'] is not valid JSON" (orjson alone would write NaN as null)."""
+    return dumps_strict_wide(value, name)[0]
+
+
+def dumps_strict_wide(value: Any, name: str = "value") -> tuple[bytes, bool]:
+    """`dumps_strict`, and whether the JSON may hold an integer past 64 bits (False: orjson wrote it, and
+    reads it back exactly)."""
     try:
         data: bytes | None = orjson.dumps(value)
     except TypeError:
         data = None
     if data is not None and b"null" not in data:  # no NaN/Infinity can hide in it: the fast path
-        return data
+        return data, False
     problem = find_not_json(value, name, floats_only=data is not None)
     if problem:
         raise NotJSON(problem)
     if data is not None:
-        return data
+        return data, False
     try:
-        return _stdlib_dumps(value)  # integers over 64 bits
+        return _stdlib_dumps(value), True  # integers over 64 bits
     except RecursionError:
         raise NotJSON(f"{name} is nested too deeply to encode as JSON") from None
     except (TypeError, ValueError) as exc:

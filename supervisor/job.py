@@ -10,9 +10,12 @@ read) reaches the handler exact.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 _NUMBERS = frozenset((int, float))
+_FIELDS = itemgetter("id", "lease_id", "queue_name", "timeout_seconds", "retry_count", "max_retries",
+                     "lease_expires_at")
 _new = tuple.__new__  # a named tuple's own __new__ is a Python function: one call saved per record
 
 
@@ -34,15 +37,18 @@ class Job(NamedTuple):
         """The job `raw` describes, or None when it has no string id or no lease id."""
         if type(raw) is not dict:  # JSON decodes to plain dicts: nothing else is a job
             return None
-        get = raw.get
-        job_id, lease_id, queue, timeout, retries, limit, expires = (
-            get("id"), get("lease_id"), get("queue_name"), get("timeout_seconds"), get("retry_count"),
-            get("max_retries"), get("lease_expires_at"))
+        try:
+            fields = _FIELDS(raw)  # the usual job, every field there: one call reads them all
+        except KeyError:
+            get = raw.get
+            fields = (get("id"), get("lease_id"), get("queue_name"), get("timeout_seconds"), get("retry_count"),
+                      get("max_retries"), get("lease_expires_at"))
+        job_id, lease_id, queue, timeout, retries, limit, expires = fields
         # type() rather than isinstance: a bool is no number here, and one is made for every job, so the
         # usual job (every field as the API sends it) is checked in one test
         if (type(job_id) is str and type(lease_id) is str and lease_id and type(queue) is str
                 and type(timeout) in _NUMBERS and type(retries) is int and type(limit) is int and type(expires) is str):
-            return _new(cls, (job_id, lease_id, queue, timeout, retries, limit, expires, raw))
+            return _new(cls, (*fields, raw))
         if type(job_id) is not str or not lease_id:
             return None
         return _new(cls, (job_id, lease_id if type(lease_id) is str else str(lease_id),

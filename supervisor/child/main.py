@@ -219,7 +219,7 @@ def run_job(handler, job: Job, worker_id: str, max_result_bytes: int, seen: dict
     if seen is not None:
         seen["result"] = result
     try:
-        encoded = exactjson.dumps_strict(result, "result")
+        encoded, wide = exactjson.dumps_strict_wide(result, "result")
     except exactjson.NotJSON as exc:
         error = _scrub(f"ResultNotSerializable: the handler's result could not be encoded as JSON ({exc})")
         return Done(job.id, False, error=error[:ERROR_LIMIT])
@@ -227,7 +227,7 @@ def run_job(handler, job: Job, worker_id: str, max_result_bytes: int, seen: dict
         error = (f"ResultTooLarge: the handler's result is {len(encoded)} bytes of JSON, over the "
                  f"{max_result_bytes} byte limit")
         return Done(job.id, False, error=error)
-    return wire.done_ok(job.id, orjson.Fragment(encoded))
+    return wire.done_ok(job.id, wire.WideJSON(encoded) if wide else orjson.Fragment(encoded))
 
 
 def child_main(sock: socket.socket, handler_spec: str, slot: int, worker_id: str, max_result_bytes: int,

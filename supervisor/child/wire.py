@@ -1,8 +1,12 @@
 """Length-prefixed JSON frames between the parent and its children over a socketpair.
 
-A frame is a 4-byte big-endian length followed by that many bytes of JSON: orjson, with the exact
-fallback of supervisor.exactjson, so integers of any size cross intact both ways (a job's payload to
-the child, a result back to the parent, which receives it as the value the handler returned).
+A frame is a 4-byte big-endian word followed by JSON: orjson, with the exact fallback of
+supervisor.exactjson, so integers of any size cross intact both ways (a job's payload to the child, a
+result back to the parent, which receives it as the value the handler returned). The word's low 31 bits
+are the JSON's length; its top bit (`WIDE`) says the JSON may hold an integer past 64 bits, which only
+exactjson reads exactly. The writer knows: orjson wrote the frame (it writes no such integer) unless it
+refused, or the frame carries a result the child encoded exactly (`WideJSON`). So the reader of a frame without the
+bit hands it to orjson as it is, and skips exactjson's search for long digit runs.
 
 Parent side: `Channel` is non-blocking and resumable, so a slow or stuck child never
 blocks the parent loop, and a payload of several MiB goes through in pieces.
@@ -37,13 +41,17 @@ from __future__ import annotations
 
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+import orjson
 
 from supervisor import exactjson
 from supervisor.job import Job
 
 HEADER = struct.Struct("!I")
+WIDE = 1 << 31  # the header's top bit: the JSON may hold integers past 64 bits (read it with exactjson)
+_SIZE = WIDE - 1
 MAX_FRAME = 256 * 1024 * 1024
 _READ_CHUNK = 65536  # under malloc's mmap threshold: a bigger recv buffer costs an mmap per call
 
@@ -128,9 +136,16 @@ class BootError(NamedTuple):
         return {"t": "boot_error", "error": self.error}
 
 
+class WideJSON(NamedTuple):
+    """A result's JSON, encoded already, that may hold an integer past 64 bits (exactjson wrote it)."""
+
+    text: bytes
+
+
 class Done(NamedTuple):
-    """The job `id` ended: `ok` with `result` (the handler's value, or its JSON already encoded as an
-    orjson.Fragment), else `error`; `next` is the held job started at once, at `started` (monotonic)."""
+    """The job `id` ended: `ok` with `result` (the handler's value, or its JSON already encoded: an
+    orjson.Fragment, or a `WideJSON`), else `error`; `next` is the held job started at once, at `started`
+    (monotonic)."""
 
     id: str
     ok: bool
@@ -140,7 +155,8 @@ class Done(NamedTuple):
     started: float | None = None
 
     def wire(self) -> dict:
-        out: dict[str, Any] = {"t": "done", "id": self.id, "ok": True, "result": self.result} if self.ok else \
+        result = self.result if type(self.result) is not WideJSON else orjson.Fragment(self.result.text)
+        out: dict[str, Any] = {"t": "done", "id": self.id, "ok": True, "result": result} if self.ok else \
             {"t": "done", "id": self.id, "ok": False, "error": self.error}
         if self.next is not None:
             out["next"], out["started"] = self.next, self.started
@@ -176,9 +192,14 @@ def done_ok(job_id: str, result: Any) -> Done:
     return _new(Done, (job_id, True, result, None, None, None))
 
 
-def job_frame(job: Job) -> JobFrame:
-    """The `job` frame of `job` for an idle child (the cheap way to make the one made for every job)."""
-    return _new(JobFrame, (job, False, None))
+def encode_job(job: Job) -> bytes:
+    """`encode(JobFrame(job))`, the frame of a job for an idle child, without making the record: one is
+    sent for every job."""
+    try:
+        body = orjson.dumps({"t": "job", "job": job.raw})
+    except TypeError:
+        return encode(_new(JobFrame, (job, False, None)))
+    return HEADER.pack(len(body)) + body
 
 
 def decode_down(msg: Any) -> Down | None:
@@ -237,9 +258,57 @@ def _done_next(msg: dict, ok: bool, following: Any) -> Done:
 
 
 def encode(frame: Frame) -> bytes:
-    """The frame's bytes on the wire: its length, then its JSON object."""
-    body = exactjson.dumps(frame.wire())
+    """The frame's bytes on the wire: its header word (length, and `WIDE` when the JSON may hold an integer
+    past 64 bits), then its JSON object. Raises TypeError if the frame has no JSON form."""
+    value = frame.wire()
+    try:
+        body = orjson.dumps(value)
+    except TypeError:  # an integer past 64 bits (or nothing encodes it: exactjson raises TypeError again)
+        body = exactjson.dumps(value)
+        return HEADER.pack(len(body) | WIDE) + body
+    if type(frame) is Done and type(frame.result) is WideJSON:
+        return HEADER.pack(len(body) | WIDE) + body
     return HEADER.pack(len(body)) + body
+
+
+class BadFrame(EOFError):
+    """The other end sent what is no frame (a length over MAX_FRAME, or a body that is not JSON): nothing
+    after it can be read."""
+
+
+def unpack(buf: bytearray) -> list[Any]:
+    """The JSON values of the whole frames at the start of `buf`, which are cut from it (a frame begun
+    stays). Raises BadFrame at a frame over MAX_FRAME or one that is not JSON."""
+    have = len(buf)
+    if have < HEADER.size:
+        return []
+    (word,) = HEADER.unpack_from(buf)
+    if have == HEADER.size + (word & _SIZE) <= HEADER.size + MAX_FRAME:  # the usual read: one whole frame
+        body = buf[HEADER.size:]  # (a copy: orjson reads a memoryview's slice at half the speed)
+        buf.clear()
+        return [_load(word, body)]
+    out = []
+    pos = 0
+    while have - pos >= HEADER.size:
+        (word,) = HEADER.unpack_from(buf, pos)
+        size = word & _SIZE
+        if size > MAX_FRAME:
+            raise BadFrame(f"a frame of {size} bytes, over the {MAX_FRAME} byte limit")
+        end = pos + HEADER.size + size
+        if have < end:
+            break
+        out.append(_load(word, buf[pos + HEADER.size:end]))
+        pos = end
+    del buf[:pos]
+    return out
+
+
+def _load(word: int, body: bytes | bytearray) -> Any:
+    """The JSON `body` of a frame whose header word is `word`; BadFrame if it is none."""
+    try:
+        return exactjson.loads(body) if word & WIDE else orjson.loads(body)
+    except ValueError as exc:
+        raise BadFrame(f"a frame that is not JSON ({str(exc)[:120]})") from None
 
 
 class Channel:
@@ -261,6 +330,11 @@ class Channel:
         self._out += encode(frame)
         self.flush()
 
+    def send_job(self, job: Job) -> None:
+        """`send(JobFrame(job))`: the job for an idle child."""
+        self._out += encode_job(job)
+        self.flush()
+
     def flush(self) -> None:
         """Write queued bytes until the socket would block. Raises OSError if the child is gone."""
         while self._out:
@@ -273,7 +347,8 @@ class Channel:
     def receive(self, budget: int | None = None) -> list[Up]:
         """Read what is available (at most about `budget` bytes, when given: the rest waits for the next
         call) and return the complete frames the parent knows (`decode_up`). Raises EOFError at end of
-        stream (after handing out, on the call before, any whole frame that came in ahead of it)."""
+        stream (after handing out, on the call before, any whole frame that came in ahead of it), and
+        BadFrame (an EOFError) at what is no frame, after which the stream has ended."""
         if self._eof:
             raise EOFError
         while budget is None or budget > 0:
@@ -291,24 +366,15 @@ class Channel:
                 budget -= len(chunk)
             if len(chunk) < _READ_CHUNK:
                 break
-        messages = list(self._take_frames())
+        try:
+            messages = unpack(self._in)
+        except BadFrame:
+            self._eof = True
+            self._in.clear()
+            raise
         if self._eof and not messages:
             raise EOFError
         return [frame for msg in messages if (frame := decode_up(msg)) is not None]
-
-    def _take_frames(self) -> Iterator[Any]:
-        buf = self._in
-        pos = 0
-        while len(buf) - pos >= HEADER.size:
-            (size,) = HEADER.unpack_from(buf, pos)
-            if size > MAX_FRAME:
-                raise EOFError(f"frame of {size} bytes is over the {MAX_FRAME} byte limit")
-            end = pos + HEADER.size + size
-            if len(buf) < end:
-                break
-            yield exactjson.loads(memoryview(buf)[pos + HEADER.size:end])
-            pos = end
-        del buf[:pos]
 
     def close(self) -> None:
         try:
@@ -360,24 +426,15 @@ class Inbox:
             self._eof = True
             return False
         self._in += chunk
-        buf, pos = self._in, 0
-        while len(buf) - pos >= HEADER.size:
-            (size,) = HEADER.unpack_from(buf, pos)
-            end = pos + HEADER.size + size
-            if len(buf) < end:
-                break
-            if (frame := decode_down(exactjson.loads(memoryview(buf)[pos + HEADER.size:end]))) is not None:
-                self._frames.append(frame)
-            pos = end
-        del buf[:pos]
+        self._frames += [frame for msg in unpack(self._in) if (frame := decode_down(msg)) is not None]
         return True
 
 
 def read_frame(sock: socket.socket, decode: Callable[[Any], Frame | None] = decode_up) -> Frame | None:
     """Block until one whole frame arrives, read by `decode` (a child's frame by default; `decode_down` for
     the parent's); None if `decode` does not know it. EOFError when the other end has gone."""
-    (size,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
-    return decode(exactjson.loads(_recv_exact(sock, size)))
+    (word,) = HEADER.unpack(_recv_exact(sock, HEADER.size))
+    return decode(_load(word, _recv_exact(sock, word & _SIZE)))
 
 
 def write_frame(sock: socket.socket, frame: Frame) -> None:

@@ -24,7 +24,7 @@ import psutil
 from supervisor.child import forkservers
 from supervisor.child.group import KEEPER_TITLE, group_members
 from supervisor.child.main import BOOT_ERROR_EXIT, child_main
-from supervisor.child.wire import Channel, Drop, JobFrame, Stop, job_frame
+from supervisor.child.wire import Channel, Drop, JobFrame, Stop
 from supervisor.config import Config
 from supervisor.job import Job
 from supervisor.ops.logs import log_event, scrub
@@ -89,7 +89,7 @@ class Child:
     def start_job(self, job: Job) -> bool:
         """Send `job` to this idle child; False if its socket is gone (the sentinel reports the death)."""
         try:
-            self.chan.send(job_frame(job))
+            self.chan.send_job(job)
         except OSError:
             return False
         self.state, self.job_id = ChildState.BUSY, job.id

@@ -20,7 +20,7 @@ import psutil
 from supervisor import sdkworker
 from supervisor.backoff import backoff
 from supervisor.child.forkservers import ready, renew_forkserver, retire_forkservers
-from supervisor.child.wire import BootError, Done, Dropped, Ready, Settled, Started
+from supervisor.child.wire import BadFrame, BootError, Done, Dropped, Ready, Settled, Started
 from supervisor.config import Config
 from supervisor.job import Job
 from supervisor.ops.cgroup import MemorySource
@@ -293,6 +293,9 @@ class ChildPool:
         `boot_error` frames, as facts."""
         try:
             messages = child.chan.receive(budget)
+        except BadFrame as exc:
+            self._unwatch(child.chan.sock)
+            return self._stop_bad_frame(child, str(exc), now)
         except (EOFError, OSError):
             self._unwatch(child.chan.sock)
             return []
@@ -457,6 +460,18 @@ class ChildPool:
         tree = f"child and {n} subprocess" + ("" if n == 1 else "es") if n else "the child alone"
         return ChildLost(child.slot, f"MemoryLimitExceeded: the job used {used} MiB, {used - cap} MiB over the cap "
                                      f"of {cap} MiB ({tree}); its processes were stopped", "failed")
+
+    def _stop_bad_frame(self, child: Child, what: str, now: float) -> list[Fact]:
+        """The child sent what is no frame (its handler wrote on the socket, say): nothing more it sends can be
+        read, so it is killed now and its job fails saying so."""
+        if child.stopping:
+            return []
+        log_event(log, ERROR, "a child sent what the parent cannot read; killing it", slot=child.slot,
+                  pid=child.pid, job_id=child.job_id, error=what)
+        child.begin_stop("bad_frame", now, 0.0)
+        self.changed = True
+        return [ChildLost(child.slot, f"ChildProtocolError: the child process running this job (pid {child.pid}) "
+                                      f"sent {what} on its socket to the daemon; it was killed", "failed")]
 
     @staticmethod
     def _not_counted(child: Child) -> frozenset[int]:

@@ -75,8 +75,10 @@ def echo_handler(ctx):
 def test_run_job_encodes_the_result_once_exactly_or_fails_the_job_naming_the_value():
     raw = {"id": "j1", "lease_id": "l1", "payload": {"answer": {"big": BIG, "neg": -(2**70)}}}
     done = run_job(echo_handler, Job.parse(raw), "w", 1_000_000)
-    assert done.ok and isinstance(done.result, orjson.Fragment)  # encoded once, in the child
+    assert done.ok and isinstance(done.result, wire.WideJSON)  # encoded once, in the child, and said to be wide
     assert json.loads(wire.encode(done)[4:])["result"] == {"big": BIG, "neg": -(2**70)}
+    small = run_job(echo_handler, Job.parse({**raw, "payload": {"answer": [1, 2**63]}}), "w", 1_000_000)
+    assert small.ok and isinstance(small.result, orjson.Fragment)
     failed = run_job(echo_handler, Job.parse({**raw, "payload": {"answer": {"x": float("nan")}}}), "w", 1_000_000)
     assert not failed.ok
     assert failed.error == ("ResultNotSerializable: the handler's result could not be encoded as JSON "

@@ -133,6 +133,9 @@ class FakeChan:
             raise OSError("broken pipe")
         self.frames.append(frame)
 
+    def send_job(self, job) -> None:
+        self.send(wire.JobFrame(job))
+
     def receive(self, budget: int | None = None) -> list:
         if self.eof:
             raise EOFError

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
+import orjson
 import pytest
 
+from supervisor import exactjson
 from supervisor.child import wire
 from supervisor.job import Job
 
@@ -75,10 +78,12 @@ def test_a_job_frame_without_a_job_the_child_can_run_is_ignored():
 
 
 def test_the_cheap_makers_make_the_same_records_and_settled_frames_cross():
-    """`job_frame` and `done_ok` (the records made for every job) equal the records made by name; `settled`
-    and `ready`'s `wants_settled` cross both ways."""
-    job = Job.parse({"id": "j", "lease_id": "L"})
-    assert wire.job_frame(job) == wire.JobFrame(job) and type(wire.job_frame(job)) is wire.JobFrame
+    """`encode_job` and `done_ok` (the frames made for every job) give what the records made by name do;
+    `settled` and `ready`'s `wants_settled` cross both ways."""
+    job = Job.parse({"id": "j", "lease_id": "L", "payload": {"n": 2**70}})
+    small = Job.parse({"id": "j", "lease_id": "L", "payload": {"n": 2**60}})
+    assert wire.encode_job(job) == wire.encode(wire.JobFrame(job))
+    assert wire.encode_job(small) == wire.encode(wire.JobFrame(small))
     assert wire.done_ok("j", 1) == wire.Done("j", True, 1) and type(wire.done_ok("j", 1)) is wire.Done
     settled = wire.Settled("j", "failed", "boom", "fail")
     assert settled.wire() == {"t": "settled", "id": "j", "as": "failed", "error": "boom", "operation": "fail"}
@@ -128,3 +133,46 @@ def test_a_budget_bounds_what_one_receive_reads_and_the_rest_comes_next_time():
     assert len(first) + len(rest) == whole and all(m == wire.Dropped("y" * 1000) for m in first + rest)
     a.close()
     b.close()
+
+
+def test_the_header_says_which_frames_may_hold_wide_integers():
+    """The header's top bit is set exactly when the JSON may hold an integer past 64 bits: a job whose payload
+    has one, a result the child encoded with one; such frames are read exactly and the others by orjson alone,
+    with the same values."""
+    def flagged(data: bytes) -> bool:
+        return bool(wire.HEADER.unpack_from(data)[0] & wire.WIDE)
+
+    wide = Job.parse({"id": "j", "lease_id": "L", "payload": {"n": 2**70}})
+    narrow = Job.parse({"id": "j", "lease_id": "L"})
+    assert flagged(wire.encode_job(wide)) and not flagged(wire.encode_job(narrow))
+    text, wide_text = exactjson.dumps_strict_wide({"n": -(2**70)})
+    assert wide_text and exactjson.dumps_strict_wide({"n": 2**63}) == (b'{"n":9223372036854775808}', False)
+    fragment = wire.done_ok("j", wire.WideJSON(text))
+    assert flagged(wire.encode(fragment)) and not flagged(wire.encode(wire.done_ok("j", orjson.Fragment(b"[1,2]"))))
+    assert not flagged(wire.encode(wire.done_ok("j", {"n": 2**63})))  # orjson writes and reads it exactly
+    buf = bytearray(wire.encode_job(wide) + wire.encode(fragment) + wire.encode(wire.Done("j", True, 2**64 - 1)))
+    sent, done, last = wire.unpack(buf)
+    assert sent["job"]["payload"]["n"] == 2**70 and done["result"] == {"n": -(2**70)} and last["result"] == 2**64 - 1
+    assert buf == bytearray()
+
+
+def test_what_is_no_frame_ends_the_stream_with_bad_frame():
+    """A body that is not JSON, or a length over the limit, raises BadFrame (an EOFError); the parent's
+    channel then reads nothing more, and the whole frames before it came out on an earlier call."""
+    parent, child = socket.socketpair()
+    with parent, child:
+        chan = wire.Channel(parent)
+        child.sendall(wire.encode(wire.Done("a", True, 1)))
+        wait = time.monotonic() + 5
+        got: list = []
+        while not got and time.monotonic() < wait:
+            got = chan.receive()
+        assert got == [wire.Done("a", True, 1)]
+        child.sendall(wire.HEADER.pack(3) + b"{x}")
+        with pytest.raises(wire.BadFrame, match="not JSON"):
+            while time.monotonic() < wait:
+                chan.receive()
+        with pytest.raises(EOFError):
+            chan.receive()
+    with pytest.raises(wire.BadFrame, match="over the"):
+        wire.unpack(bytearray(wire.HEADER.pack(wire.MAX_FRAME + 1) + b"{}"))
