@@ -282,19 +282,21 @@ def latency_section(args, tmp: str) -> list[dict]:
     return rows
 
 
-NOOP_REPEATS = 3  # the daemon's own no-op row runs this many times: its figure is their median
+NOOP_REPEATS = 3  # the daemon's own no-op row (and the baseline's) runs this many times: its figure is their median
 
 
 def noop_section(args, tmp: str) -> list[dict]:
     """No-op jobs on loopback: the parent's CPU per job is the figure (target: <= 150 us, the median of
-    NOOP_REPEATS runs of this daemon; the other runners once each)."""
+    NOOP_REPEATS runs of this daemon, and of the baseline's, the two taking turns run by run so that a load
+    that comes and goes hits both; the other runners once each)."""
     server = DevServer(tmp, server_flags(), name="noop").start()
     rows = []
     try:
-        for kind, extra in workers(server, args):
-            if kind in ("sdk", "history"):
-                continue
-            for run in range(1, (NOOP_REPEATS if kind == "ours" else 1) + 1):
+        kinds = [(kind, extra) for kind, extra in workers(server, args) if kind not in ("sdk", "history")]
+        for run in range(1, NOOP_REPEATS + 1):
+            for kind, extra in kinds:
+                if run > 1 and kind not in ("ours", "baseline"):
+                    continue
                 log(f"no-op jobs x {args.noop_jobs}: {kind} (run {run})")
                 r = run_worker(kind, server, tmp, f"noop-{kind}-{run}", {}, args.noop_jobs, CORES, extra)
                 rows.append({**r, "run": run})
@@ -372,8 +374,9 @@ def table(result: dict) -> str:
                        f"{r['efficiency']:>6} {r.get('pool_efficiency', '-'):>8} {r.get('over_pool', '-'):>7} "
                        f"{r.get('steady_efficiency', '-'):>6} {rw:>20} {gw:>20}")
     if result.get("noop"):
+        base = noop_median(result["noop"], "baseline")
         out.append(f"No-op jobs (parent CPU per job, idle included; ours: median of its runs "
-                   f"{noop_median(result['noop'])} us):")
+                   f"{noop_median(result['noop'])} us" + (f", baseline's {base} us" if base is not None else "") + "):")
         for r in result["noop"]:
             out.append(f"  {r['worker']:>10} run {r.get('run', 1)}: {r['parent_cpu_us_per_job']} us/job, "
                        f"{r['requests_per_job']} REST requests/job")
