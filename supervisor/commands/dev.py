@@ -92,12 +92,6 @@ def remove_db(db: str) -> None:
             pass
 
 
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def write_state(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -180,6 +174,8 @@ class Dev:
         self.renderer = Renderer()
         self.daemon: subprocess.Popen | None = None
         self.state_path = self.cwd / FOLDER / STATE
+        self.state: dict = {}
+        self.state_lock = threading.Lock()  # the daemon's output is read on a thread of its own
         self.started = time.monotonic()
 
     def on_signal(self, signum: int, frame: object) -> None:
@@ -276,23 +272,29 @@ class Dev:
         queue = self.args.queue or about.get("queue_name")
         if not queue:
             raise Refused(f"--queue is required: {handler} is not a SpooledWorker's handler, so it names no queue")
-        health_port = None if self.args.solo else free_port("127.0.0.1")
-        write_state(state_path, {"url": url, "api_key": key, "queue": queue.split(",")[0], "pid": os.getpid(),
-                                 "health_url": f"http://127.0.0.1:{health_port}" if health_port else None})
+        self.note_state(url=url, api_key=key, queue=queue.split(",")[0], pid=os.getpid(), health_url=None)
         print(banner(url, key, queue, self.args.db, self.args.solo), flush=True)
         if self.args.solo:
             code = self.solo(url, key, queue.split(",")[0])
         else:
-            code = self.supervise(url, key, queue, health_port or 0, env)
+            code = self.supervise(url, key, queue, env)
         took = time.monotonic() - self.started
         print(f"dev: stopped after {took:.0f} s: {self.renderer.completed} job(s) completed, "
               f"{self.renderer.failed} failed" + (f"; daemon exit code {code}" if code else ""), flush=True)
         return code
 
-    def supervise(self, url: str, key: str, queue: str, health_port: int, env: dict[str, str]) -> int:
+    def note_state(self, **changes: object) -> None:
+        """Write `changes` into the state file (dev.json) with what it held."""
+        with self.state_lock:
+            self.state.update(changes)
+            write_state(self.state_path, self.state)
+
+    def supervise(self, url: str, key: str, queue: str, env: dict[str, str]) -> int:
+        """Run the daemon (its health port one the kernel picks: the state file names it once the daemon says
+        which) until it exits; its exit code."""
         a = self.args
         cmd = [sys.executable, "-m", "supervisor", "run", "--handler", a.handler, "--queue", queue, "--api-url", url,
-               "--procs", str(a.procs), "--health-port", str(health_port), "--log-format", "json", "--log-level",
+               "--procs", str(a.procs), "--health-port", "0", "--log-format", "json", "--log-level",
                "DEBUG", "--poll-interval", "1", "--drain-timeout", "10",
                # no job is claimed ahead and held for a busy child: a job enqueued after a save runs on a child
                # that has the new code whenever one is idle
@@ -307,8 +309,7 @@ class Dev:
                                        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
         reader = threading.Thread(target=self.show, args=(self.daemon.stdout,), name="daemon-output", daemon=True)
         reader.start()
-        state = json.loads(self.state_path.read_text())
-        write_state(self.state_path, dict(state, daemon_pid=self.daemon.pid))
+        self.note_state(daemon_pid=self.daemon.pid)
         try:
             code = self.wait_daemon(self.daemon)
         finally:
@@ -340,7 +341,10 @@ class Dev:
 
     def show(self, stream) -> None:
         for text in stream:
+            port = self.renderer.health_port
             shown = self.renderer.line(text)
+            if self.renderer.health_port != port:
+                self.note_state(health_url=f"http://127.0.0.1:{self.renderer.health_port}")
             if shown is not None:
                 print(shown, flush=True)
 

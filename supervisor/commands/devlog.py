@@ -47,6 +47,7 @@ class Renderer:
         self.completed = 0
         self.failed = 0
         self.ready = False  # the daemon said it is ready (its signal handling is in place)
+        self.health_port: int | None = None  # the port the daemon said it serves its health endpoints on
         self.full_error = full_error  # a job's whole last_error (the log line's is cut short)
 
     def line(self, text: str) -> str | None:
@@ -80,6 +81,8 @@ class Renderer:
                 (f" (at {where})" if where else "")
         if msg == "ready":
             self.ready = True
+        if msg == "serving the health port" and type(e.get("port")) is int:
+            self.health_port = e["port"]
         if level == "debug":
             return None
         extra = f" ({e['error']})" if e.get("error") else ""

@@ -122,8 +122,10 @@ def test_wrong_key_gets_the_login_page_and_another_host_is_refused(dev, page):
 def test_health_port_page_lists_the_children(dev, page):
     import json
 
-    state = json.loads((dev.folder / ".spooled" / "dev.json").read_text())
-    page.goto(state["health_url"] + "/")
+    def health_url():  # written once the daemon says which port the kernel gave it
+        return json.loads((dev.folder / ".spooled" / "dev.json").read_text()).get("health_url")
+
+    page.goto(wait_until(health_url, timeout=20, what="the daemon's health URL in dev.json") + "/")
     page.wait_for_selector("#children tr")
     # the page polls /status: a child still starting (or one just busy) shows on a later refresh
     wait_until(lambda: page.inner_text("#children").count("idle") == 2, timeout=20, what="both children idle")
