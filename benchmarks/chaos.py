@@ -119,12 +119,14 @@ def _enqueue(server: DevServer, jobs: int, ms: float, max_retries: int) -> list[
     ids: list[str] = []
     for start in range(0, jobs, 100):
         batch = [{"ms": ms, "echo": i} for i in range(start, min(jobs, start + 100))]
-        body = {"queue_name": QUEUE, "jobs": [{"payload": p} for p in batch], "max_retries": max_retries,
-                "timeout_seconds": 60}
+        body = {"queue_name": QUEUE, "jobs": [{"payload": p} for p in batch], "default_max_retries": max_retries,
+                "default_timeout_seconds": 60}  # (the bulk route's names: a job's own would go in its item)
         r = _call(server, "POST", "/api/v1/jobs/bulk", body)
         assert r.status_code in (200, 201), r.text
         ids += [item["job_id"] for item in r.json()["succeeded"]]
     assert len(ids) == jobs, f"enqueued {len(ids)} of {jobs}"
+    first = _call(server, "GET", f"/api/v1/jobs/{ids[0]}")
+    assert first.status_code == 200 and first.json()["max_retries"] == max_retries, first.text  # the server took it
     return ids
 
 

@@ -228,13 +228,17 @@ def decode_up(msg: Any) -> Up | None:
     kind = msg.get("t") if type(msg) is dict else None
     if kind == "done":
         get = msg.get
-        following = get("next")
+        job_id, following = get("id"), get("next")
+        if type(job_id) is not str:
+            job_id = ""  # the child answered, for no job the parent knows: it is free, nothing settles
         if get("ok"):
             if following is None:
-                return _new(Done, (get("id") or "", True, get("result"), None, None, None))
+                return _new(Done, (job_id, True, get("result"), None, None, None))
             return _done_next(msg, True, following)
+        error = get("error")
+        error = str(error) if error else "Job failed"  # (str(): a child is not trusted to send a string)
         if following is None:
-            return _new(Done, (get("id") or "", False, None, get("error") or "Job failed", None, None))
+            return _new(Done, (job_id, False, None, error, None, None))
         return _done_next(msg, False, following)
     if kind in ("started", "dropped"):
         job_id = msg.get("id")
@@ -252,8 +256,10 @@ def decode_up(msg: Any) -> Up | None:
 
 def _done_next(msg: dict, ok: bool, following: Any) -> Done:
     """A `done` that names the held job the child started at once (`next`, at `started`)."""
-    return Done(msg.get("id") or "", ok, msg.get("result") if ok else None,
-                None if ok else (msg.get("error") or "Job failed"),
+    error = msg.get("error")
+    job_id = msg.get("id")
+    return Done(job_id if type(job_id) is str else "", ok, msg.get("result") if ok else None,
+                None if ok else (str(error) if error else "Job failed"),
                 following if type(following) is str else None, _number(msg.get("started")))
 
 

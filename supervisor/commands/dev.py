@@ -350,6 +350,8 @@ class Dev:
 
     def solo(self, url: str, key: str, queue: str) -> int:
         """Claim and run one job at a time in this process (breakpoint() works); stop on Ctrl-C."""
+        from supervisor import exactjson
+        from supervisor.child import wire
         from supervisor.child.handler import load_handler
         from supervisor.child.main import run_job
         from supervisor.job import Job
@@ -373,7 +375,10 @@ class Dev:
                 done = run_job(handler, job, SOLO_WORKER, 1_900_000)
                 took = time.monotonic() - began
                 if done.ok:
-                    client.execute(client.complete_call(job.id, SOLO_WORKER, job.lease_id, done.result))
+                    result = done.result  # the handler's JSON, encoded once in run_job (exactly, when wide)
+                    if isinstance(result, wire.WideJSON):
+                        result = exactjson.loads(result.text)
+                    client.execute(client.complete_call(job.id, SOLO_WORKER, job.lease_id, result))
                     print(self.renderer.event({"msg": "job completed", "job_id": job.id, "duration": took}),
                           flush=True)
                 else:

@@ -176,3 +176,13 @@ def test_what_is_no_frame_ends_the_stream_with_bad_frame():
             chan.receive()
     with pytest.raises(wire.BadFrame, match="over the"):
         wire.unpack(bytearray(wire.HEADER.pack(wire.MAX_FRAME + 1) + b"{}"))
+
+
+def test_a_done_frame_without_a_string_id_names_no_job_and_its_error_is_made_a_string():
+    """A child is not trusted: a `done` whose id is no string names no job (the child is free, nothing
+    settles), and an error that is not a string is turned into one, so the job's failure report can be built."""
+    assert wire.decode_up({"t": "done", "id": ["j"], "ok": True, "result": 1}) == wire.Done("", True, 1)
+    assert wire.decode_up({"t": "done", "id": {}, "ok": False, "next": "k"}).id == ""
+    assert wire.decode_up({"t": "done", "id": "j", "ok": False, "error": {"x": 1}}).error == "{'x': 1}"
+    assert wire.decode_up({"t": "done", "id": "j", "ok": False, "error": 7, "next": "k"}).error == "7"
+    assert wire.decode_up({"t": "done", "id": "j", "ok": False}).error == "Job failed"
