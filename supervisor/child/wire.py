@@ -282,14 +282,14 @@ class BadFrame(EOFError):
     after it can be read."""
 
 
-def unpack(buf: bytearray) -> list[Any]:
+def unpack(buf: bytearray, limit: int = MAX_FRAME) -> list[Any]:
     """The JSON values of the whole frames at the start of `buf`, which are cut from it (a frame begun
-    stays). Raises BadFrame at a frame over MAX_FRAME or one that is not JSON."""
+    stays). Raises BadFrame at a frame over `limit` bytes or one that is not JSON."""
     have = len(buf)
     if have < HEADER.size:
         return []
     (word,) = HEADER.unpack_from(buf)
-    if have == HEADER.size + (word & _SIZE) <= HEADER.size + MAX_FRAME:  # the usual read: one whole frame
+    if have == HEADER.size + (word & _SIZE) <= HEADER.size + limit:  # the usual read: one whole frame
         body = buf[HEADER.size:]  # (a copy: orjson reads a memoryview's slice at half the speed)
         buf.clear()
         return [_load(word, body)]
@@ -298,8 +298,8 @@ def unpack(buf: bytearray) -> list[Any]:
     while have - pos >= HEADER.size:
         (word,) = HEADER.unpack_from(buf, pos)
         size = word & _SIZE
-        if size > MAX_FRAME:
-            raise BadFrame(f"a frame of {size} bytes, over the {MAX_FRAME} byte limit")
+        if size > limit:
+            raise BadFrame(f"a frame of {size} bytes, over the {limit} byte limit")
         end = pos + HEADER.size + size
         if have < end:
             break
@@ -320,9 +320,12 @@ def _load(word: int, body: bytes | bytearray) -> Any:
 class Channel:
     """The parent's end of a child's socket: buffered non-blocking writes, incremental reads."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, max_frame: int = MAX_FRAME):
+        """`max_frame`: the most a frame from the child may hold (a larger one is a BadFrame, refused from its
+        header, before the parent buffers or parses it)."""
         sock.setblocking(False)
         self.sock = sock
+        self.max_frame = max_frame
         self._out = bytearray()
         self._in = bytearray()
         self._eof = False
@@ -373,7 +376,7 @@ class Channel:
             if len(chunk) < _READ_CHUNK:
                 break
         try:
-            messages = unpack(self._in)
+            messages = unpack(self._in, self.max_frame)
         except BadFrame:
             self._eof = True
             self._in.clear()

@@ -255,6 +255,9 @@ def shared_env(cfg: Config) -> dict[str, str]:
     return {"SPOOLED_API_KEY": cfg.api_key.value, "SPOOLED_API_URL": cfg.api_url}
 
 
+FRAME_SLACK = 1024 * 1024  # what a frame may hold beside a result
+
+
 def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_bytes: int, max_jobs: int,
                 env: dict[str, str] | None = None, generation: int = 0) -> Child:
     parent_end, child_end = socket.socketpair()
@@ -267,7 +270,8 @@ def spawn_child(slot: int, now: float, handler: str, worker_id: str, max_result_
         forkservers.start_process(proc, generation)
     finally:
         child_end.close()
-    return Child(slot=slot, proc=proc, chan=Channel(parent_end), started_at=now,
+    # a child's largest frame is its result's (which it refuses past max_result_bytes) or a boot traceback
+    return Child(slot=slot, proc=proc, chan=Channel(parent_end, 2 * max_result_bytes + FRAME_SLACK), started_at=now,
                  job_quota=job_quota(max_jobs), pid=proc.pid, generation=generation)
 
 

@@ -10,7 +10,7 @@ from conftest import wait_for_status
 pytestmark = pytest.mark.timeout(90)
 
 
-@pytest.mark.parametrize("what", ["garbage", "huge"])
+@pytest.mark.parametrize("what", ["garbage", "huge", "large"])
 def test_a_handler_that_writes_no_frame_fails_its_job_and_the_daemon_goes_on(dev_server, daemon_factory, what):
     queue = f"hostile-frames-{what}"
     d = daemon_factory(queue, handler="tests.support.handlers_socket:handle", procs=2).wait_ready()
