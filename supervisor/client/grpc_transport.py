@@ -577,6 +577,7 @@ class LoopGrpc:
         self.engine = engine
         self.wire: Any = None  # the H2Client new calls go on, made on the first call
         self.wire_retiring: list[Any] = []  # spent H2Clients (GOAWAY) finishing the calls still out on them
+        self.resolver: Resolver | None = None  # the server's addresses, shared by every connection in turn
         self.wire_calls: dict[int, _WireCall] = {}  # id(context) -> the calls out on it
         self.api = api
         self.sel = sel
@@ -659,8 +660,12 @@ class LoopGrpc:
         self.wire_calls[id(ctx)] = ctx
 
     def _addresses(self) -> Callable[[], list | None]:
-        host, _, port = self.api.target.rpartition(":")
-        return Resolver(host.strip("[]"), int(port), self.wake_fd)
+        """One lookup for all connections: a new one after a GOAWAY connects at once, its calls not failed
+        while a new lookup would run on its thread."""
+        if self.resolver is None:
+            host, _, port = self.api.target.rpartition(":")
+            self.resolver = Resolver(host.strip("[]"), int(port), self.wake_fd)
+        return self.resolver
 
     def _finish_wire(self) -> None:
         """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines); close a

@@ -218,3 +218,20 @@ def test_pushed_streams_and_bad_settings_are_protocol_errors():
                         (frame(PING, 0, 1, b"12345678"), "PING")]:
         with pytest.raises(ProtocolError, match=words):
             session().receive(data)
+
+
+def test_every_connection_of_a_loop_shares_one_lookup_of_the_servers_address():
+    """A new connection after a GOAWAY uses the addresses already known: a new lookup would run on its
+    thread off loopback, and the calls sent again meanwhile would fail at once."""
+    import selectors
+
+    from supervisor.client.grpc_transport import GrpcAPI, LoopGrpc
+    from supervisor.client.rest import Secret
+
+    sel = selectors.DefaultSelector()
+    try:
+        loop = LoopGrpc(GrpcAPI("grpc.example.invalid:443", Secret("sp_test_x")), sel)
+        first = loop._addresses()
+        assert loop._addresses() is first and first.host == "grpc.example.invalid" and first.port == 443
+    finally:
+        sel.close()
