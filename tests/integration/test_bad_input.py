@@ -73,8 +73,8 @@ def test_a_result_larger_than_the_server_accepts_fails_the_job(big_server):
         job = wait_for_status(big_server, [job_id], DONE, timeout=30)[0]
         assert job["status"] == "deadletter"
         assert job["last_error"].startswith("ResultRejected: the API refused this job's result: 400"), job["last_error"]
-        refused = d.events("the API refused the result; failing the job instead")
-        assert refused and refused[0]["job_id"] == job_id
+        refused = d.wait_events("the API refused the result; failing the job instead")  # read on a thread
+        assert refused[0]["job_id"] == job_id
         ok = big_server.enqueue("bigres", {"do": "echo"})
         assert wait_for_status(big_server, [ok], timeout=10)[0]["status"] == "completed"
         assert d.proc.poll() is None
