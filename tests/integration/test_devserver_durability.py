@@ -10,6 +10,7 @@ import sys
 import pytest
 import requests
 from conftest import ROOT, DevServer, OutputPump, own
+from support.fake_keys import live_shaped
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -152,7 +153,7 @@ def test_help_documents_the_resilience_switches():
 def test_an_adopted_key_is_never_echoed_and_the_key_file_holds_the_key_in_use(tmp_path):
     """A real key in the environment is adopted: the output names its source and last four characters only; a
     key the server made itself is still printed; --key-file gives scripts either."""
-    real = "sp_live_" + "q" * 24 + "WXYZ"
+    real = live_shaped("q" * 24 + "WXYZ")
     adopted = DevServer(str(tmp_path / "a.db"), env={"SPOOLED_API_KEY": real},
                         extra=["--key-file", str(tmp_path / "a.key")]).start()
     try:

@@ -12,10 +12,11 @@ import subprocess
 import pytest
 import requests
 from conftest import PY, ROOT, OutputPump, own, wait_until
+from support.fake_keys import live_shaped
 
 pytestmark = pytest.mark.timeout(60)
 
-REAL = "sp_live_" + "k" * 28 + "T9z4"
+REAL = live_shaped("k" * 28 + "T9z4")
 
 
 def start(db: str, args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, OutputPump, str]:
@@ -37,7 +38,7 @@ def stop(proc: subprocess.Popen, out: OutputPump) -> str:
 
 @pytest.mark.parametrize(("args", "env", "source"), [
     (["--api-key=" + REAL], {}, "--api-key"),
-    (["--api-key", REAL], {"SPOOLED_API_KEY": "sp_live_" + "o" * 28 + "0ther"}, "--api-key"),  # the flag wins
+    (["--api-key", REAL], {"SPOOLED_API_KEY": live_shaped("o" * 28 + "0ther")}, "--api-key"),  # the flag wins
     ([], {"SPOOLED_DEV_API_KEY": REAL}, "SPOOLED_DEV_API_KEY"),
     ([], {"SPOOLED_API_KEY": REAL}, "SPOOLED_API_KEY"),
 ])

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import requests
+from support.fake_keys import live_shaped
 
 from supervisor import testing
 
@@ -29,7 +30,7 @@ def env() -> dict[str, str]:
     """The test's environment without SPOOLED_* (as a user's shell), and with a real-looking key exported, which
     `dev` must never adopt."""
     out = {k: v for k, v in os.environ.items() if not k.startswith("SPOOLED_")}
-    out["SPOOLED_API_KEY"] = "sp_" + "live_" + "x" * 40  # built here: no key-shaped literal in the tree
+    out["SPOOLED_API_KEY"] = live_shaped("x" * 40)
     out["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
     return out
 
