@@ -44,17 +44,11 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name}: {_NOT_JSON_CONSTANT}")
 
 
-def may_hold_wide_int(data: bytes | bytearray) -> bool:
-    """Whether JSON text `data` has a run of 19 digits or more (an integer orjson may read as a float, or
-    digits inside a string: `loads` takes its exact path for either)."""
-    return _WIDE_INT in data.translate(_DIGITS_TO_ZERO)
-
-
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
     """Parse JSON text; integers of any size come back as `int`. Raises ValueError on bad JSON
     (orjson.JSONDecodeError is one)."""
     raw = data.encode() if isinstance(data, str) else data
-    if not may_hold_wide_int(raw if isinstance(raw, bytes | bytearray) else bytes(raw)):
+    if _WIDE_INT not in (raw if isinstance(raw, bytes | bytearray) else bytes(raw)).translate(_DIGITS_TO_ZERO):
         return orjson.loads(raw)
     raw = bytes(raw)
     orjson.loads(_LONG_DIGITS.sub(b"0", raw))  # the syntax check both paths share (raises JSONDecodeError)

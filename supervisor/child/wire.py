@@ -232,14 +232,14 @@ def decode_up(msg: Any) -> Up | None:
         if type(job_id) is not str:
             job_id = ""  # the child answered, for no job the parent knows: it is free, nothing settles
         if get("ok"):
-            if following is None:
-                return _new(Done, (job_id, True, get("result"), None, None, None))
-            return _done_next(msg, True, following)
-        error = get("error")
-        error = str(error) if error else "Job failed"  # (str(): a child is not trusted to send a string)
+            ok, result, error = True, get("result"), None
+        else:
+            error = get("error")  # (str(): a child is not trusted to send a string)
+            ok, result, error = False, None, str(error) if error else "Job failed"
         if following is None:
-            return _new(Done, (job_id, False, None, error, None, None))
-        return _done_next(msg, False, following)
+            return _new(Done, (job_id, ok, result, error, None, None))
+        return _new(Done, (job_id, ok, result, error, following if type(following) is str else None,
+                           _number(get("started"))))
     if kind in ("started", "dropped"):
         job_id = msg.get("id")
         if type(job_id) is not str:
@@ -252,15 +252,6 @@ def decode_up(msg: Any) -> Up | None:
     if kind == "boot_error":
         return BootError(msg.get("error") or "")
     return None
-
-
-def _done_next(msg: dict, ok: bool, following: Any) -> Done:
-    """A `done` that names the held job the child started at once (`next`, at `started`)."""
-    error = msg.get("error")
-    job_id = msg.get("id")
-    return Done(job_id if type(job_id) is str else "", ok, msg.get("result") if ok else None,
-                None if ok else (str(error) if error else "Job failed"),
-                following if type(following) is str else None, _number(msg.get("started")))
 
 
 def encode(frame: Frame) -> bytes:

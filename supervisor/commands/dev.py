@@ -244,7 +244,7 @@ class Dev:
         serve_in_thread(server)
         self.state_path = state_path = folder / STATE
         try:
-            return self.session(url, key, state_path)
+            return self.session(url, key)
         finally:
             try:
                 state_path.unlink()
@@ -255,7 +255,7 @@ class Dev:
             sweeper.stop()
             store.close()
 
-    def session(self, url: str, key: str, state_path: Path) -> int:
+    def session(self, url: str, key: str) -> int:
         env = child_env(self.cwd)
         handler = self.args.handler
         roots = watch.handler_roots(handler, str(self.cwd), self.args.watch_path)
