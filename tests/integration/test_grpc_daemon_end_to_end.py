@@ -43,7 +43,7 @@ def test_jobs_completed_with_results_over_grpc(server, daemons):
         assert job["assigned_worker_id"] == "g-all" and job["retry_count"] == 0
     worker = server.worker("g-all")
     assert worker["jobs_processed"] == 30 and worker["jobs_failed"] == 0
-    assert len(daemon.events("job completed")) == 30
+    assert len(daemon.wait_events("job completed", 30)) == 30
     assert server.request("GET", "/api/v1/workers/g-all").json()["worker_type"] == "spooled-supervisor"
 
 
@@ -181,7 +181,7 @@ def test_connections_cut_mid_frame_lose_no_job_and_run_none_twice(server):
         assert proxy.cuts >= 3 and proxy.connections >= 4, (proxy.cuts, proxy.connections)
         stats = server.stats()
         assert stats["completed"] == 30 and stats["processing"] == 0 and stats["deadletter"] == 0, stats
-        ran = daemon.events("job completed")
+        ran = daemon.wait_events("job completed", count=30)  # the server records a completion before its log line
         assert len({e["job_id"] for e in ran}) == 30 and len(ran) == 30  # each job ran to completion once
         assert daemon.proc.poll() is None and server.api_key not in daemon.out.text()
     finally:
