@@ -176,7 +176,7 @@ def test_a_reserved_job_whose_lease_ran_out_never_reaches_a_child(dev_server, da
     lines = Path(runs).read_text().split()
     deliveries = list(zip(lines[::2], lines[1::2], strict=True))
     assert (wait_id, "0") not in deliveries  # the stale copy never ran
-    assert [e for e in d.events("lease lost; stopping the job's work") if e.get("job_id") == wait_id]
+    assert d.wait_events("lease lost; stopping the job's work", job_id=wait_id)
     assert deliveries.count((wait_id, "1")) == 1 and (long_id, "0") in deliveries
 
 

@@ -35,7 +35,7 @@ def test_a_malformed_claim_answer_fails_the_claim_and_the_daemon_goes_on_serving
             jobs = wait_for_status(dev_server, ids, timeout=60)
             assert proxy.claims_changed == 1
             assert any(j["retry_count"] == 1 for j in jobs)  # the jobs of the claim the daemon could not read
-            failed = daemon.events("claim failed")
+            failed = daemon.wait_events("claim failed")
             assert failed and "BAD_FRAMING" in failed[0]["error"]
             assert not [line for line in daemon.out.lines if "unexpected error" in line] and daemon.proc.poll() is None
         finally:

@@ -52,7 +52,7 @@ def test_a_held_jobs_timeout_counts_from_its_start_not_from_when_it_was_sent(dev
     jobs = wait_for_status(dev_server, [long_id, next_id], statuses=("completed", "failed", "deadletter"), timeout=30)
     assert [j["status"] for j in jobs] == ["completed", "completed"]  # held 2 s, ran 0.3 s of its 1 s
     assert jobs[1]["retry_count"] == 0 and not d.events("job timed out")
-    assert events_of(d, "job held", next_id) and events_of(d, "job started", next_id)
+    assert d.wait_events("job held", job_id=next_id) and d.wait_events("job started", job_id=next_id)
 
 
 @pytest.mark.timeout(90)
@@ -148,6 +148,9 @@ def test_a_new_daemon_on_a_queue_with_short_history_holds_its_second_job_behind_
     ids = [dev_server.enqueue(queue, {"do": "sleep", "secs": 0.2}) for _ in range(3)]
     d = daemon_factory(queue, procs=1, worker_id="w-history-2", args=["--log-level", "DEBUG"]).wait_ready()
     wait_for_status(dev_server, ids, timeout=30)
+    for job_id in ids:  # the log is read on a thread: the server's record of a job can come before its line
+        d.wait_events("job started", job_id=job_id)
+    d.wait_events("run time seeded from the queue's statistics")
     assert [e["queue"] for e in d.events("run time seeded from the queue's statistics")] == [queue]
     started = [r["job_id"] for r in log_records(d) if r.get("msg") == "job started"]
     held = {r["job_id"] for r in log_records(d) if r.get("msg") == "job held"}

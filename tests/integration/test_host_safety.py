@@ -114,7 +114,7 @@ def test_a_timed_out_job_leaves_no_process_behind(dev_server, daemon_factory, ma
     assert done["status"] == "deadletter" and done["last_error"].startswith("JobTimeout"), done
     wait_until(lambda: not marked(marker), timeout=10, what="every sleep the handler started to be gone")
     wait_until(lambda: not zombie_children(d.proc.pid), timeout=5, what="the daemon to reap what it adopted")
-    (logged,) = d.events("stopping a child with the processes in its group")
+    (logged,) = d.wait_events("stopping a child with the processes in its group")
     assert logged["reason"] == "timeout" and logged["child_pid"] == child
     assert sorted(int(p.split()[0]) for p in logged["processes"]) == sorted(procs), logged
     after = dev_server.enqueue("hosts", {"do": "quick"})

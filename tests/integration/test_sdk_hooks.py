@@ -53,7 +53,11 @@ def test_every_hook_runs_in_the_jobs_child_with_the_sdks_event_data(dev_server, 
     lease = by_event["job:lease_lost"]["data"]
     assert (lease["operation"], lease["error"], lease["queue_name"]) == ("complete", "ConflictError", "hooks")
     assert by_event["stopped"]["data"] == {"worker_id": "test-worker", "reason": "graceful"}
-    (raised,) = [r for r in d.records() if r.get("msg", "").startswith("an event hook raised")]  # once, not 3 times
+    def hook_raised() -> list[dict]:
+        return [r for r in d.records() if r.get("msg", "").startswith("an event hook raised")]
+
+    wait_until(hook_raised, timeout=15, what="the hook's failure logged")  # the log is read on a thread
+    (raised,) = hook_raised()  # once, not 3 times
     assert raised["event"] == "job:started" and raised["hook"].endswith("broken_hook")
     assert "this hook always fails" in raised.get("exc", "")
     assert not d.events("the SpooledWorker's event hooks (worker.on) are not run under the daemon")

@@ -51,6 +51,7 @@ def test_the_function_form_runs_with_the_sdk_context_and_creates_a_follow_up_job
     follow = dev_server.job(result["created"])
     assert follow["queue_name"] == "sdk-fn-next" and follow["payload"] == {"parent": job}
 
+    wait_until(lambda: job_lines(d, "keyword form"), timeout=15, what="its last line")  # log read on a thread
     (resizing,) = job_lines(d, "resizing")
     assert (resizing["level"], resizing["width"], resizing["attempt"], resizing["job_id"], resizing["queue"]) == (
         "info", 3, 0, job, "sdk-fn")
