@@ -2,12 +2,15 @@
 
     python benchmarks/cores.py                          # 5, 20 and 100 ms jobs at loopback
     python benchmarks/cores.py --ms 100 --delays 0,20   # and with the API 20 ms away
+    python benchmarks/cores.py --transports rest,grpc   # each row over REST, then over gRPC (unary calls)
 
 For each row: efficiency (jobs/s / (cores / d)), the cores the whole machine was busy over the batch
 (/proc/stat), and the share of them the children, the parent and the dev server used (their own CPU
 times), plus CPU per job and the requests the server saw by route (GET /_dev/stats). When the machine
 is ~all busy and the children's share equals the efficiency, no child waited for work: what is missing
 is the CPU the parent and the server took on the same cores (the loopback rows of the latency benchmark).
+Over gRPC the server's requests by route are not counted (`claims` and `completes` read 0): the server's
+CPU per job is the figure that tells the transports apart on a shared host.
 Prints a table and one JSON line; `--json PATH` also writes it.
 """
 
@@ -29,12 +32,15 @@ from benchmarks.bench_api import Db, server_stats  # noqa: E402
 CORES = os.cpu_count() or 1
 
 
-def one_row(tmp: str, ms: float, jobs: int, delay: int) -> dict:
-    server = DevServer(tmp, ("--fault-delay-ms", str(delay)), name=f"cores-{delay}-{ms:g}").start()
+def one_row(tmp: str, ms: float, jobs: int, delay: int, transport: str = "rest") -> dict:
+    grpc = transport == "grpc"
+    server = DevServer(tmp, ("--fault-delay-ms", str(delay), *(("--grpc-port", "0") if grpc else ())),
+                       name=f"cores-{delay}-{ms:g}-{transport}").start()
     daemon = None
     try:
         queue = f"cores-{ms:g}"
-        daemon = Daemon(server, tmp, queue, CORES, 0.1).start()
+        extra = ("--transport", "grpc", "--grpc-url", server.grpc) if grpc else ()
+        daemon = Daemon(server, tmp, queue, CORES, 0.1, extra=extra).start()
         time.sleep(0.5)  # let start-up settle
         children = daemon.children()
         before = [sum(cpu_seconds(c) for c in children), daemon.cpu(), server.cpu(), machine_busy(), time.monotonic()]
@@ -53,7 +59,8 @@ def one_row(tmp: str, ms: float, jobs: int, delay: int) -> dict:
         if daemon is not None:
             daemon.stop()
         server.stop()
-    return {"api_delay_ms": delay, "job_ms": ms, "jobs": done, "efficiency": round(done * ms / 1000 / CORES / span, 4),
+    return {"api_delay_ms": delay, "job_ms": ms, "transport": transport, "jobs": done,
+            "efficiency": round(done * ms / 1000 / CORES / span, 4),
             "machine_busy_cores": round(busy / wall, 3), "children_cores": round(kids / wall, 3),
             "parent_cores": round(parent / wall, 3), "server_cores": round(srv / wall, 3),
             "children_us_per_job": round(kids / done * 1e6), "parent_us_per_job": round(parent / done * 1e6),
@@ -62,11 +69,11 @@ def one_row(tmp: str, ms: float, jobs: int, delay: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'delay':>5} {'job':>5} {'eff':>6} {'busy':>6} {'children':>8} {'parent':>7} {'server':>7} "
+    head = (f"{'delay':>5} {'job':>5} {'via':>4} {'eff':>6} {'busy':>6} {'children':>8} {'parent':>7} {'server':>7} "
             f"{'child us':>9} {'parent us':>9} {'server us':>9} {'claims':>6}")
     lines = [f"cores: {CORES}; busy and the three shares in cores over the batch; us = CPU per job", head]
     for r in rows:
-        lines.append(f"{r['api_delay_ms']:>5} {r['job_ms']:>5g} {r['efficiency']:>6.3f} "
+        lines.append(f"{r['api_delay_ms']:>5} {r['job_ms']:>5g} {r['transport']:>4} {r['efficiency']:>6.3f} "
                      f"{r['machine_busy_cores']:>6.2f} {r['children_cores']:>8.3f} "
                      f"{r['parent_cores']:>7.3f} {r['server_cores']:>7.3f} "
                      f"{r['children_us_per_job']:>9} {r['parent_us_per_job']:>9} {r['server_us_per_job']:>9} "
@@ -79,14 +86,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="5,20,100", help="job CPU durations in ms (default 5,20,100)")
     ap.add_argument("--delays", default="0", help="API latencies in ms, --fault-delay-ms (default 0)")
     ap.add_argument("--seconds", type=float, default=5.0, help="ideal seconds of work per row (default 5)")
+    ap.add_argument("--transports", default="rest", help="rest, grpc or both, comma-separated (default rest)")
     ap.add_argument("--json", help="also write the JSON here")
     args = ap.parse_args(argv)
+    transports = [t.strip() for t in args.transports.split(",") if t.strip()]
+    if not transports or set(transports) - {"rest", "grpc"}:
+        ap.error(f"--transports: rest and/or grpc, not {args.transports!r}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="spooled-cores-") as tmp:
         for delay in (int(d) for d in args.delays.split(",")):
             for ms in (float(m) for m in args.ms.split(",")):
                 jobs = max(CORES * 2, round(args.seconds * CORES * 1000 / ms))
-                rows.append(one_row(tmp, ms, jobs, delay))
+                rows += [one_row(tmp, ms, jobs, delay, transport) for transport in transports]
     print(table(rows))
     out = {"machine": machine(), "command": "python benchmarks/cores.py " + " ".join(argv or sys.argv[1:]),
            "rows": rows}
