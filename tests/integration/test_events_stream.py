@@ -188,16 +188,20 @@ def test_a_flooding_stream_holds_the_reader_for_one_bounded_read_per_turn():
     try:
         conn.connect(socket.getaddrinfo("127.0.0.1", listener.getsockname()[1], type=socket.SOCK_STREAM)[0],
                      time.monotonic())
-        turns, longest, opened = 0, 0.0, False
+        turns, longest, most, opened = 0, 0.0, 0, False
         deadline = time.monotonic() + 20  # the flood runs until the reader has turned 30 times, on a busy host too
         while turns < 30 and time.monotonic() < deadline:
             for key, mask in sel.select(0.1):
                 began = time.thread_time()  # this thread's CPU: a busy host's preemption is not the reader's hold
                 opened |= ("open",) in key.data[1].on_ready(mask, time.monotonic())
                 longest = max(longest, time.thread_time() - began)
+                most = max(most, conn.take_traffic()[0])
                 turns += 1
         assert opened and turns >= 30
-        assert longest < 0.1, f"one turn held the reader {longest:.3f}s of CPU (budget {events.READ_BUDGET} bytes)"
+        assert 0 < most <= events.READ_BUDGET, most  # the bound itself: bytes read in one turn
+        # and what it costs: ~35 ms of CPU for a turn of 32,768 comment lines here, twice that under coverage's
+        # tracer (CI), more on a loaded host; an unbounded reader would never return at all
+        assert longest < 0.5, f"one turn held the reader {longest:.3f}s of CPU (budget {events.READ_BUDGET} bytes)"
     finally:
         stop.set()
         conn.close()
