@@ -52,7 +52,8 @@ def test_drain_finishes_the_running_jobs_and_hands_the_reserve_back(tmp_path):
         assert set(kinds) <= {("completed", "w-drain"), ("pending", None)}, kinds  # none left processing
         assert all(j["retry_count"] == 0 for j in jobs)  # handed back unaltered: no retry spent
         handed_back = [j for j in jobs if j["status"] == "pending" and j.get("started_at")]
-        assert len(handed_back) >= asked["reserved"]
+        # every reserved job comes back but a held one its child started before the recall reached it (above)
+        assert len(handed_back) >= asked["reserved"] - len(started_after), (asked, started_after)
         assert len(d.events("deregistered")) == 1
     finally:
         d.stop()
