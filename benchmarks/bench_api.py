@@ -124,6 +124,17 @@ def status(port: int) -> dict:
     return requests.get(f"http://127.0.0.1:{port}/status", timeout=10).json()
 
 
+def settled_status(port: int, count: int, timeout: float = 2.0) -> dict:
+    """/status once its snapshot counts every job's reserve wait: it is published at most every 100 ms, so
+    a read just after the last completion may not have the last samples yet (the last read after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = status(port)
+        if ((st.get("reserve_wait_ms") or {}).get("samples") or 0) >= count or time.monotonic() > deadline:
+            return st
+        time.sleep(0.05)
+
+
 def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict, count: int, procs: int,
                extra: tuple[str, ...] = (), settle: float = 0.0) -> dict:
     """Enqueue `count` jobs, then start the worker (so a rate limit is not spent on enqueueing while it
@@ -145,7 +156,7 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
         cpu0 = worker.cpu()
         wait_done(db, queue, count, 60 + count * 0.5, worker.alive)
         cpu = worker.cpu() - cpu0
-        st = status(port) if kind != "sdk" else {}
+        st = settled_status(port, count) if kind != "sdk" else {}
     finally:
         code = worker.stop()
     after = server_stats(server)
