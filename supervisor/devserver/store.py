@@ -613,10 +613,12 @@ class Store:
                  "assigned_worker_id": worker_id} for r in rows]
 
     def _claim_rows(self, org: str, queue: str, worker_id: str, limit: int, lease_secs: int) -> tuple[list, float]:
-        now = time.time()
-        expires = now + lease_secs
         prefix = str(uuid.uuid4()) + "-"
         with self._tx() as db:  # one statement: a paused queue (enabled=0) leases nothing
+            # the clock is read under the lock: a job another call released (its dependency completed, read
+            # its time before waiting for the lock) is never stamped as started before that completion
+            now = time.time()
+            expires = now + lease_secs
             rows = db.execute(_CLAIM, (worker_id, prefix, expires, now, now, org, queue, org, queue, now, now,
                                        limit)).fetchall()
             workflows = {r[9] for r in rows if r[9] is not None}
