@@ -12,9 +12,8 @@ needs:
   window, and on GOAWAY finishes the calls the server will not process as UNAVAILABLE ("not processed":
   safe to send again) while the others complete.
 - Request headers are encoded without the dynamic table (so every call's block is the same bytes, built
-  once per method); the API key is a never-indexed literal. Answers are decoded with `hpack` (the
-  HTTP/2 header compression of the python-hyper project: Huffman and the dynamic table, with a cap on a
-  header list's size).
+  once per method); the API key is a never-indexed literal. Answers are decoded by `supervisor.proto.h2`'s
+  BlockDecoder (hpack, with a cap on a header list's size).
 - Anything the peer does wrong (garbage, an oversized frame or header list, a header block that does not
   decode or is interrupted, a pushed stream we refused, bad SETTINGS or window sizes, a flood of frames that
   finish no call, more unread output than MAX_UNSENT because it stopped reading) raises `ProtocolError`:
@@ -28,42 +27,53 @@ needs:
 from __future__ import annotations
 
 import collections
-import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-import hpack
+from supervisor.proto.h2 import (  # noqa: F401  (re-exported: the tests and the scripted peers build frames with them)
+    ACK,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEAD,
+    HEADERS,
+    LAST_STREAM_ID,
+    MAX_FRAME,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PUSH_PROMISE,
+    RST_STREAM,
+    S_HEADER_TABLE_SIZE,
+    S_INITIAL_WINDOW,
+    S_MAX_CONCURRENT,
+    S_MAX_FRAME,
+    SETTINGS,
+    WINDOW_UPDATE,
+    BlockDecoder,
+    ProtocolError,
+    frame,
+    grpc_message,
+    literal,
+    unpad,
+)
 
-# hpack logs every header it decodes at DEBUG: a daemon run with --log-level DEBUG would print each answer's
-# headers several lines apiece, costing the loop more than the call
-logging.getLogger("hpack").setLevel(logging.WARNING)
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 5, 6, 7, 8, 9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-S_HEADER_TABLE_SIZE, S_MAX_CONCURRENT, S_INITIAL_WINDOW, S_MAX_FRAME = 1, 3, 4, 5
 OUR_WINDOW = 16 * 1024 * 1024  # per stream and for the connection: more than any answer we accept
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_HEADER_LIST = 64 * 1024
-MAX_FRAME = 16384  # the default we keep (we never raise SETTINGS_MAX_FRAME_SIZE)
-MAX_WINDOW = (1 << 31) - 1
-LAST_STREAM_ID = (1 << 31) - 1
 MAX_UNSENT = 16 * 1024 * 1024  # bytes held for a peer that stopped reading before we give up
 FLOOD = 10_000  # frames in a row that finish no call (pings, settings, empty data...) before we give up
 READ_BUDGET = 256 * 1024  # bytes read per readiness event, so one connection never holds the loop
 UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN = 14, 1, 8, 13, 2
 # RST_STREAM error codes -> gRPC status (REFUSED_STREAM: not processed, safe to send again)
 _RST_STATUS = {0x7: UNAVAILABLE, 0x8: CANCELLED, 0xB: RESOURCE_EXHAUSTED}
-
-
-_HEAD = struct.Struct(">BHBBI")  # a frame header: length (3 bytes), type, flags, stream id
-
-
-class ProtocolError(Exception):
-    """The peer broke HTTP/2 or gRPC framing: drop the connection."""
 
 
 @dataclass
@@ -90,36 +100,6 @@ class _Call:
     details: str = ""
 
 
-def _int(value: int, prefix_bits: int, first: int) -> bytes:
-    """An HPACK integer with `prefix_bits` bits in the first byte, whose other bits are `first`."""
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes | int, value: bytes, never_indexed: bool = False) -> bytes:
-    """A literal header field without indexing (or never indexed), name by static index or as a string."""
-    first = 0x10 if never_indexed else 0x00
-    head = _int(name, 4, first) if isinstance(name, int) else bytes((first,)) + _int(len(name), 7, 0) + name
-    return head + _int(len(value), 7, 0) + value
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream_id) + payload
-
-
-def grpc_message(body: bytes) -> bytes:
-    """A serialized protobuf as one uncompressed gRPC length-prefixed message."""
-    return b"\0" + struct.pack(">I", len(body)) + body
-
-
 class H2Session:
     """One client HTTP/2 connection carrying unary gRPC calls (see the module docstring)."""
 
@@ -129,15 +109,14 @@ class H2Session:
         self.out += frame(SETTINGS, 0, 0, struct.pack(">HIHIHI", 2, 0, S_INITIAL_WINDOW, OUR_WINDOW,
                                                       S_HEADER_TABLE_SIZE, 4096))
         self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", OUR_WINDOW - 65535))
-        fixed = b"\x83" + (b"\x87" if tls else b"\x86") + _literal(1, authority.encode())
-        fixed += _literal(31, b"application/grpc") + _literal(b"te", b"trailers")
-        fixed += _literal(58, user_agent.encode())
+        fixed = b"\x83" + (b"\x87" if tls else b"\x86") + literal(1, authority.encode())
+        fixed += literal(31, b"application/grpc") + literal(b"te", b"trailers")
+        fixed += literal(58, user_agent.encode())
         for name, value in metadata:  # the API key: never indexed, by us or any intermediary
-            fixed += _literal(name.encode(), value.encode(), never_indexed=True)
+            fixed += literal(name.encode(), value.encode(), never_indexed=True)
         self._fixed = fixed
         self._blocks: dict[str, bytes] = {}
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._decoded: dict[bytes, list] = {}  # header blocks known to decode to these fields (see _decode)
+        self.decoder = BlockDecoder(MAX_HEADER_LIST)
         self.calls: dict[int, _Call] = {}
         self.waiting: collections.deque[int] = collections.deque()  # started, not yet sent (stream limit)
         self.blocked: collections.deque[int] = collections.deque()  # sent HEADERS, DATA waiting for window
@@ -188,7 +167,7 @@ class H2Session:
     def _block(self, path: str) -> bytes:
         block = self._blocks.get(path)
         if block is None:
-            block = self._blocks[path] = self._fixed[:2] + _literal(4, path.encode()) + self._fixed[2:]
+            block = self._blocks[path] = self._fixed[:2] + literal(4, path.encode()) + self._fixed[2:]
         return block
 
     def _send_ready(self) -> None:
@@ -240,7 +219,7 @@ class H2Session:
         else:
             buf = data
         done: list[Answer] = []
-        pos, end, unpack = 0, len(buf), _HEAD.unpack_from
+        pos, end, unpack = 0, len(buf), HEAD.unpack_from
         while end - pos >= 9:
             high, low, kind, flags, sid = unpack(buf, pos)
             length = high << 16 | low
@@ -276,7 +255,7 @@ class H2Session:
     def _on_headers(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         if not sid:
             raise ProtocolError("HEADERS on stream 0")
-        payload = self._unpad(flags, payload)
+        payload = unpad(flags, payload)
         if flags & PRIORITY:
             payload = payload[5:]
         if flags & END_HEADERS:
@@ -341,13 +320,6 @@ class H2Session:
             self._closed(other, self.calls.pop(other))
             done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)", unprocessed=True))
 
-    def _unpad(self, flags: int, payload: bytes) -> bytes:
-        if not flags & PADDED:
-            return payload
-        if not payload or payload[0] >= len(payload):
-            raise ProtocolError("bad padding")
-        return payload[1:len(payload) - payload[0]]
-
     def _settings(self, payload: bytes) -> None:
         if len(payload) % 6:
             raise ProtocolError("a SETTINGS frame of the wrong size")
@@ -372,7 +344,7 @@ class H2Session:
         call = self.calls.get(sid)
         if call is None:
             return  # a call we gave up
-        call.data += self._unpad(flags, payload)
+        call.data += unpad(flags, payload)
         if len(call.data) > MAX_MESSAGE + 5:
             self.calls.pop(sid)
             self._closed(sid, call)
@@ -385,29 +357,8 @@ class H2Session:
             done.append(Answer(sid, call.status, call.details) if call.status is not None else
                         Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
 
-    def _decode(self, block: bytes) -> list:
-        """A header block's fields. The server's blocks repeat byte for byte once its table is warm, and a
-        block that left the dynamic table as it was decodes the same way until the table changes: those
-        are remembered (the cache is emptied whenever a block changes the table)."""
-        known = self._decoded.get(block)
-        if known is not None:
-            return known
-        table = self.decoder.header_table
-        entries = table.dynamic_entries
-        before = (len(entries), table.maxsize, entries[0] if entries else None)
-        try:
-            headers = list(self.decoder.decode(block, raw=True))
-        except Exception as exc:  # hpack's errors, and anything a hostile block provokes
-            raise ProtocolError(f"a header block that does not decode: {type(exc).__name__}") from None
-        after = (len(entries), table.maxsize, entries[0] if entries else None)
-        if after[:2] != before[:2] or after[2] is not before[2]:
-            self._decoded.clear()
-        elif len(self._decoded) < 64:
-            self._decoded[block] = headers
-        return headers
-
     def _header_block(self, sid: int, flags: int, block: bytes, done: list[Answer]) -> None:
-        headers = self._decode(block)
+        headers = self.decoder.decode(block)
         call = self.calls.get(sid)
         if call is None:
             return  # (decoded all the same: the table must stay in step)
