@@ -63,6 +63,12 @@ def _on_off(text: str) -> str:
     return text
 
 
+def _grpc_server(text: str) -> str:
+    if text not in ("wire", "grpcio"):
+        raise argparse.ArgumentTypeError("must be wire or grpcio")
+    return text
+
+
 def _nonneg_int(text: str) -> int:
     v = int(text)
     if v < 0:
@@ -119,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", int, 8787, "port; 0 picks a free one")
     add("--grpc-port", _nonneg_int, None, "also serve Spooled's gRPC API on this port (0 picks a free one; needs the "
         "grpc extra); off unless given")
+    add("--grpc-server", _grpc_server, "wire", "what serves gRPC: wire (its own HTTP/2 on one I/O thread, a third "
+        "of grpcio's CPU per call) or grpcio (grpcio's server)")
     add("--grpc-stream-limit", _pos_int, 100, "open gRPC streams (StreamJobs, ProcessJobs) per organization; "
         "past it a new one is RESOURCE_EXHAUSTED")
     add("--grpc-stream-poll", _pos_float, 1.0, "seconds a StreamJobs stream sleeps when it has nothing to hand "
@@ -158,14 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def start_grpc(store, cfg, faults, limiter, host: str, port: int, events=None, stream_limit: int = 100,
-               stream_poll: float = 1.0):
+               stream_poll: float = 1.0, implementation: str = "wire"):
     """The gRPC server, imported only when asked for (grpcio is the optional `grpc` extra)."""
     try:
         from .grpc_server import make_grpc_server
     except ImportError as e:
         raise ImportError(f"{e}; install it with: pip install 'spooled-supervisor[grpc]'") from None
     return make_grpc_server(store, cfg, faults, limiter, host, port, events=events, stream_limit=stream_limit,
-                            stream_poll=stream_poll)
+                            stream_poll=stream_poll, implementation=implementation)
 
 
 def _open_store(args: argparse.Namespace) -> tuple[Store, str] | None:
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.grpc_port is not None:
         try:
             grpc_server, grpc_port = start_grpc(store, cfg, faults, limiter, args.host, args.grpc_port, app.events,
-                                                args.grpc_stream_limit, args.grpc_stream_poll)
+                                                args.grpc_stream_limit, args.grpc_stream_poll, args.grpc_server)
         except (ImportError, OSError) as e:
             print(f"error: cannot serve gRPC on {args.host}:{args.grpc_port}: {e}", file=sys.stderr, flush=True)
             server.server_close()

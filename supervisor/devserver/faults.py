@@ -103,6 +103,11 @@ class Faults:
         f = self._for(org)
         return bool(f.fail_503 or f.delay_ms or f.cut)
 
+    def delays(self) -> bool:
+        """Whether any organization's settings (or the ones from start) may delay a request."""
+        with self._lock:
+            return bool(self._default.delay_ms) or any(f.delay_ms for f in self._orgs.values())
+
     def before(self, org: str | None = None) -> None:
         """Run before handling: maybe sleep, maybe raise the injected 503."""
         with self._lock:

@@ -538,12 +538,25 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
 def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int, max_streams: int = 256,
                      events=None, stream_limit: int = STREAM_LIMIT,
-                     stream_poll: float = STREAM_POLL_INTERVAL) -> tuple[grpc.Server, int]:
-    """A started gRPC server on host:port (0 = a free port); returns it and the port it got.
+                     stream_poll: float = STREAM_POLL_INTERVAL, implementation: str = "wire"):
+    """A started gRPC server on host:port (0 = a free port); returns it and the port it got. Either way
+    it has `stop(grace)` returning an event to wait on.
 
-    Every open stream holds one thread: at most `max_streams` RPCs run at once (others wait), which
-    must stay above `stream_limit` (open streams per organization) plus the unary calls in flight."""
+    `implementation`: "wire" (the default: our own HTTP/2, `grpc_wire`) or "grpcio" (grpcio's server).
+    Every open stream holds one pool thread: at most `max_streams` streaming RPCs run at once (others wait),
+    which must stay above `stream_limit` (open streams per organization) plus the unary calls in flight."""
     backend = Backend(store, cfg, faults, limiter, events, stream_limit, stream_poll)
+    if implementation == "wire":
+        from .grpc_wire import WireGrpcServer
+
+        wire = WireGrpcServer({"QueueService": QueueService(backend), "WorkerService": WorkerService(backend)},
+                              faults, max_streams=max_streams)
+        try:
+            bound = wire.listen(host, port)
+        except OSError as e:
+            raise OSError(e.strerror or str(e)) from None
+        wire.start()
+        return wire, bound
     server = grpc.server(ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc"),
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE),
                                   ("grpc.max_send_message_length", MAX_MESSAGE),
