@@ -43,6 +43,7 @@ Design, for the parent's single select() loop:
 from __future__ import annotations
 
 import collections
+import math
 import os
 import queue
 import selectors
@@ -579,6 +580,7 @@ class LoopGrpc:
         self.wire_retiring: list[Any] = []  # spent H2Clients (GOAWAY) finishing the calls still out on them
         self.resolver: Resolver | None = None  # the server's addresses, shared by every connection in turn
         self.wire_calls: dict[int, _WireCall] = {}  # id(context) -> the calls out on it
+        self.wire_due = math.inf  # no wire call's deadline is before this (a lower bound: exact after a scan)
         self.api = api
         self.sel = sel
         self.wake_fd = wake_fd
@@ -658,6 +660,7 @@ class LoopGrpc:
             return
         ctx.handle, ctx.client = handle, self.wire
         self.wire_calls[id(ctx)] = ctx
+        self.wire_due = min(self.wire_due, ctx.deadline)
 
     def _addresses(self) -> Callable[[], list | None]:
         """One lookup for all connections: a new one after a GOAWAY connects at once, its calls not failed
@@ -676,7 +679,7 @@ class LoopGrpc:
                 return
 
     def _finish_wire_round(self) -> bool:
-        if self.wire is None:
+        if self.wire is None or not (self.wire.answers or self.wire_retiring):
             return False
         taken: list[tuple[Any, Any]] = []
         for client in (self.wire, *self.wire_retiring):
@@ -731,7 +734,7 @@ class LoopGrpc:
     def next_deadline(self) -> float | None:
         times = [item.deadline for item in self.waiting]
         if self.wire_calls:
-            times.append(min(c.deadline for c in self.wire_calls.values()))
+            times.append(self.wire_due)
         rest = self.rest.next_deadline() if self.rest is not None else None
         if rest is not None:
             times.append(rest)
@@ -759,7 +762,10 @@ class LoopGrpc:
         self._pump(now)
 
     def _expire_wire(self, now: float) -> None:
+        if now < self.wire_due:  # no call is late: no scan (a turn per answer would cost one each)
+            return self._finish_wire()
         late = [c for c in self.wire_calls.values() if now >= c.deadline]
+        self.wire_due = min((c.deadline for c in self.wire_calls.values() if now < c.deadline), default=math.inf)
         for ctx in late:
             del self.wire_calls[id(ctx)]
             ctx.client.cancel(ctx.handle)

@@ -61,7 +61,8 @@ def literal(name: bytes | int, value: bytes, never_indexed: bool = False) -> byt
 
 
 def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((kind, flags)) + struct.pack(">I", stream_id) + payload
+    n = len(payload)
+    return HEAD.pack(n >> 16, n & 0xFFFF, kind, flags, stream_id) + payload
 
 
 def grpc_message(body: bytes) -> bytes:
