@@ -108,11 +108,19 @@ class Faults:
         with self._lock:
             return bool(self._default.delay_ms) or any(f.delay_ms for f in self._orgs.values())
 
-    def before(self, org: str | None = None) -> None:
-        """Run before handling: maybe sleep, maybe raise the injected 503."""
+    def draw_delay(self, org: str | None = None) -> float:
+        """Seconds to delay one request of `org` (0: none), drawn as `before` draws it; for a server that
+        waits out the delay itself and then calls `before(org, delayed=True)`."""
         with self._lock:
             f = self._for(org)
-            delay = f.delay_ms if (f.delay_ms and f.rng.random() < f.delay_fraction) else 0
+            return f.delay_ms / 1000.0 if (f.delay_ms and f.rng.random() < f.delay_fraction) else 0.0
+
+    def before(self, org: str | None = None, delayed: bool = False) -> None:
+        """Run before handling: maybe sleep (not when the delay was drawn and waited out: `delayed`), maybe
+        raise the injected 503."""
+        with self._lock:
+            f = self._for(org)
+            delay = f.delay_ms if (not delayed and f.delay_ms and f.rng.random() < f.delay_fraction) else 0
             fail = f.fail_503 and f.rng.random() < f.fail_503
             status = f.fail_status
         if delay:

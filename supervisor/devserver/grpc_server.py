@@ -18,6 +18,7 @@ are doubles.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import sys
 import threading
@@ -184,6 +185,29 @@ class Backend:
         self.stream_limit, self.stream_poll = stream_limit, stream_poll
         self._streams: dict[str, int] = {}
         self._streams_lock = threading.Lock()
+        self._local = threading.local()  # .delayed: this thread's call already waited out its delay
+
+    # -- the wire server's delays (grpc_wire.Delays) --
+    def active(self) -> bool:
+        return self.faults.delays()
+
+    def draw(self, metadata: tuple) -> float:
+        key = self._key_of({k.lower(): v for k, v in metadata})
+        if not key:
+            return 0.0
+        try:
+            org = key_context(self.store, key, time.time()).org
+        except HttpError:
+            return 0.0  # refused anyway, at once
+        return self.faults.draw_delay(org)
+
+    @contextlib.contextmanager
+    def drawn(self) -> Iterator[None]:
+        self._local.delayed = True
+        try:
+            yield
+        finally:
+            self._local.delayed = False
 
     def open_stream(self, org: str, context) -> None:
         """Count one more open stream of `org` until the call ends; past the limit, RESOURCE_EXHAUSTED."""
@@ -225,17 +249,21 @@ class Backend:
     def authenticate(self, context) -> KeyContext:
         """Who the call's API key is (a JWT is not accepted on gRPC, as on the server); checked again on
         every message of a stream, so a revoked or expired key stops it at once."""
-        md = {k.lower(): v for k, v in context.invocation_metadata()}
-        key = md.get("x-api-key")
-        if key is None:
-            auth = md.get("authorization", "")
-            key = auth[7:].strip() if auth.lower().startswith("bearer ") else (auth.strip() or None)
+        key = self._key_of({k.lower(): v for k, v in context.invocation_metadata()})
         if not key:
             raise GrpcError(SC.UNAUTHENTICATED, "Missing x-api-key or authorization header", "UNAUTHENTICATED")
         try:
             return key_context(self.store, key, time.time())
         except HttpError as e:
             raise GrpcError(SC.UNAUTHENTICATED, e.body["message"], "UNAUTHENTICATED") from None
+
+    @staticmethod
+    def _key_of(md: dict) -> str | None:
+        key = md.get("x-api-key")
+        if key is None:
+            auth = md.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else (auth.strip() or None)
+        return key
 
     def check_scope(self, key: KeyContext, msg) -> None:
         """A queue-scoped key stays in its queues, as on REST: another queue is PERMISSION_DENIED; a job or
@@ -263,7 +291,7 @@ class Backend:
         if not self.faults.active(org):
             return False
         try:
-            self.faults.before(org)
+            self.faults.before(org, delayed=getattr(self._local, "delayed", False))
         except HttpError as e:
             raise GrpcError(SC.UNAVAILABLE, e.body["message"]) from None
         return self.faults.should_cut(org)
@@ -550,7 +578,7 @@ def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int, m
         from .grpc_wire import WireGrpcServer
 
         wire = WireGrpcServer({"QueueService": QueueService(backend), "WorkerService": WorkerService(backend)},
-                              faults, max_streams=max_streams)
+                              backend, max_streams=max_streams)
         try:
             bound = wire.listen(host, port)
         except OSError as e:

@@ -6,8 +6,9 @@ server shares the cores with the workers it serves. This one reads and writes ev
 thread, as the REST server does.
 
 Contract:
-- A unary call runs on the I/O thread as soon as its request is in (the store's calls are short), except
-  while a fault delay is set: then it runs on a pool thread, so the delay holds only that call. A
+- A unary call runs on the I/O thread as soon as its request is in (the store's calls are short). While a
+  fault delay is set (`delays`), the call's delay is drawn when its request is in and the call runs on the
+  I/O thread once it has passed (a timer: the delay holds nothing else, and costs no thread). A
   streaming call (StreamJobs, ProcessJobs) runs on a pool thread of its own for as long as it lasts; its
   answers reach the I/O thread through a queue, and its end (the client cancelling or going away, its
   deadline passing, the server stopping) is seen by the servicer through the context
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import heapq
 import queue
 import selectors
 import socket
@@ -35,8 +37,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -62,6 +65,19 @@ SWEEP_EVERY = 0.25  # seconds between deadline and preface sweeps
 DEADLINE_EXCEEDED, CANCELLED_CODE, UNAVAILABLE = 4, 1, 14
 _END = object()  # a bidi call's requests are over
 _GONE = object()  # a bidi call ended before its requests did
+
+
+class Delays(Protocol):
+    """The injected delays (the dev server's fault switches), as the I/O thread applies them to unary calls."""
+
+    def active(self) -> bool:
+        """Whether any call may be delayed now."""
+
+    def draw(self, metadata: tuple) -> float:
+        """This call's delay in seconds (0: none), drawn once, for the caller its metadata names."""
+
+    def drawn(self) -> AbstractContextManager:
+        """Around the servicer's call once its delay has passed: it must not be delayed again."""
 
 
 class Aborted(BaseException):
@@ -164,10 +180,12 @@ class _Conn:
 class WireGrpcServer:
     """The servicers served over our HTTP/2 on one I/O thread (see the module docstring)."""
 
-    def __init__(self, services: dict[str, object], faults=None, max_streams: int = 256,
+    def __init__(self, services: dict[str, object], delays: Delays | None = None, max_streams: int = 256,
                  max_connections: int = 1024):
         self.methods = methods(services)
-        self.faults = faults  # unary calls leave the I/O thread while it may delay them
+        self.delays = delays
+        self._timers: list[tuple[float, int, _Call]] = []  # (due, sequence, call): delayed unary calls
+        self._timer_seq = 0
         self.pool = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc")
         self.max_connections = max_connections
         self.sel = selectors.DefaultSelector()
@@ -237,7 +255,9 @@ class WireGrpcServer:
         next_sweep = time.monotonic() + SWEEP_EVERY
         try:
             while True:
-                for key, mask in self.sel.select(SWEEP_EVERY):
+                wait = SWEEP_EVERY if not self._timers else max(0.0, min(SWEEP_EVERY,
+                                                                          self._timers[0][0] - time.monotonic()))
+                for key, mask in self.sel.select(wait):
                     if key.data == "accept":
                         self._accept()
                     elif key.data == "wake":
@@ -246,6 +266,8 @@ class WireGrpcServer:
                         self._on_ready(key.data, mask)
                 self._run_posted()
                 now = time.monotonic()
+                if self._timers:
+                    self._run_timers(now)
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_EVERY
                     self._sweep(now)
@@ -357,8 +379,12 @@ class WireGrpcServer:
             self._answer(call, INTERNAL, "the call ended without its request message")
         elif call.method.kind == "server_stream":
             self.pool.submit(self._server_stream, call)
-        elif self.faults is not None and self.faults.delays():
-            self.pool.submit(self._unary_pooled, call)
+        elif self.delays is not None and self.delays.active():
+            delay = self.delays.draw(call.metadata)
+            if delay <= 0:
+                return self._unary(call, drawn=True)
+            self._timer_seq += 1
+            heapq.heappush(self._timers, (time.monotonic() + delay, self._timer_seq, call))
         else:
             self._unary(call)
 
@@ -382,13 +408,19 @@ class WireGrpcServer:
             print(f"warning: internal error on a gRPC call: {e!r}", file=sys.stderr, flush=True)
             return UNKNOWN, f"Exception calling application: {e}", None
 
-    def _unary(self, call: _Call) -> None:
-        code, details, body = self._run_unary(call)
+    def _unary(self, call: _Call, drawn: bool = False) -> None:
+        if drawn and self.delays is not None:
+            with self.delays.drawn():
+                code, details, body = self._run_unary(call)
+        else:
+            code, details, body = self._run_unary(call)
         self._answer(call, code, details, body)
 
-    def _unary_pooled(self, call: _Call) -> None:
-        code, details, body = self._run_unary(call)
-        self.post(lambda: self._answer(call, code, details, body))
+    def _run_timers(self, now: float) -> None:
+        while self._timers and self._timers[0][0] <= now:
+            _, _, call = heapq.heappop(self._timers)
+            if not call.ended and call.conn.calls.get(call.sid) is call:  # not cancelled or timed out meanwhile
+                self._unary(call, drawn=True)
 
     def _server_stream(self, call: _Call) -> None:
         request = self._parse(call, call.messages[0])

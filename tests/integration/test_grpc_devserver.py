@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+import requests
 from conftest import ROOT, parse_ts, wait_until
 from support.grpc_support import start_server
 
@@ -511,6 +512,40 @@ def test_faults_apply_to_grpc(server, client):
         client.queue.dequeue(Q, "w1")
     server.faults(cut=0.0)
     assert server.job(server.request("GET", f"/api/v1/jobs?queue_name={Q}").json()[0]["id"])["status"] == "processing"
+
+
+def test_a_delayed_call_holds_no_other_call(server, client):
+    """The injected delay holds each unary call for its time, side by side: eight calls delayed 0.4 s each
+    end within about one delay, not eight; and a call of an organization
+    without a delay is not held at all."""
+    import concurrent.futures
+
+    client.queue.enqueue(Q, {"x": 1})
+    server.faults(delay_ms=400)
+    try:
+        def timed_stats() -> float:
+            t = time.monotonic()
+            assert client.queue.get_queue_stats(Q).pending == 1
+            return time.monotonic() - t
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            start = time.monotonic()
+            waits = list(pool.map(lambda _: timed_stats(), range(8)))
+            took = time.monotonic() - start
+        assert min(waits) >= 0.38, waits  # each call waited out its delay
+        assert took < 2.0, (took, waits)  # ...at the same time as the others (one after another: 3.2 s)
+        other = requests.post(server.url + "/api/v1/organizations", json={"name": "Other", "slug": "other-delay"},
+                              timeout=5)
+        assert other.status_code == 201, other.text
+        quick = SpooledGrpcClient(address=server.grpc_address, api_key=other.json()["api_key"]["key"], timeout=10)
+        try:
+            t = time.monotonic()
+            quick.queue.get_queue_stats(Q)
+            assert time.monotonic() - t < 0.35  # its organization has no delay (faults set per organization)
+        finally:
+            quick.close()
+    finally:
+        server.faults(delay_ms=0)
 
 
 def test_quota_and_rate_limit_are_resource_exhausted(tmp_path):
