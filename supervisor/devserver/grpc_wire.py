@@ -17,9 +17,10 @@ Contract:
 - Status texts where grpcio's server has fixed ones keep its wording: "Method not found!",
   "Exception deserializing request!", "Exception calling application: ...".
 - A connection that does not send the HTTP/2 preface within PREFACE_TIMEOUT, breaks the protocol, or
-  leaves more than MAX_UNSENT of answers unread is closed (a GOAWAY first when it spoke HTTP/2); past
-  `max_connections` a new connection is closed at once. A read takes at most READ_BUDGET bytes before
-  the thread moves on to the next connection.
+  leaves more than MAX_UNSENT of answers unread (not yet written, or on one stream waiting for windows it
+  does not open) is closed (a GOAWAY first when it spoke HTTP/2); past `max_connections` a new connection
+  is closed at once. A read takes at most READ_BUDGET bytes before the thread moves on to the next
+  connection.
 - `stop(grace)` sends GOAWAY, gives the calls running `grace` seconds, then ends them (streams see their
   context go inactive) and closes every connection; it returns an Event set once all is closed.
 """
@@ -335,6 +336,8 @@ class WireGrpcServer:
                     self._flush(conn)
                     return self._close(conn, f"protocol error: {e}")
                 for event in events:
+                    if conn.closed:  # by an answer before (its client does not read): no later call may start
+                        break
                     self._event(conn, event)
                 if len(data) < 65536:
                     break
@@ -466,6 +469,8 @@ class WireGrpcServer:
     def _send(self, call: _Call, body: bytes) -> None:
         if not call.ended and not call.conn.closed:
             call.conn.session.send_message(call.sid, body)
+            if call.conn.session.held(call.sid) > MAX_UNSENT:  # a stream's answers, for a window never opened
+                return self._close(call.conn, "the client does not read its answers")
             self._flush(call.conn)
 
     def _answer(self, call: _Call, code: int, details: str, body: bytes | None = None) -> None:

@@ -7,8 +7,9 @@ Contract:
 - Answers: `send_message(sid, body)` (the response headers go first, once), `finish(sid, code, details)`
   (trailers, or a trailers-only answer when nothing was sent), `reset(sid)`. A finished call whose client
   has not half-closed is reset with NO_ERROR after its trailers, as gRPC servers do.
-- Flow control both ways: answers wait for the client's windows; the client gets its windows back as it
-  sends, up to MAX_MESSAGE per message in progress.
+- Flow control both ways: answers wait for the client's windows (`held(sid)`: a call's bytes waiting, for
+  the owner to bound); the client gets its windows back as it sends, up to MAX_MESSAGE per message in
+  progress.
 - What the client does wrong costs it a call or the connection, never more than the bounds here: a
   request that is not gRPC (method, content type) is answered with an HTTP status; a message over
   MAX_MESSAGE ends its call RESOURCE_EXHAUSTED; a compressed one UNIMPLEMENTED; a call past
@@ -20,6 +21,7 @@ Contract:
 
 from __future__ import annotations
 
+import base64
 import collections
 import struct
 from dataclasses import dataclass
@@ -130,6 +132,14 @@ def parse_timeout(value: bytes) -> float | None:
     return None if scale is None else int(value[:-1]) * scale
 
 
+def _binary(value: bytes) -> bytes:
+    """A `-bin` header's value: base64, padded or not (as gRPC sends it); undecodable bytes are kept as they came."""
+    try:
+        return base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)
+    except ValueError:
+        return value
+
+
 def call_headers(headers: list) -> tuple[bytes | None, bytes | None, bytes | None, float | None, tuple]:
     """A call's decoded headers -> (:method, :path, content-type, timeout, metadata)."""
     method = path = content_type = None
@@ -147,7 +157,7 @@ def call_headers(headers: list) -> tuple[bytes | None, bytes | None, bytes | Non
             timeout = parse_timeout(value)
         elif name not in (b"te", b"grpc-encoding", b"grpc-accept-encoding"):
             key = name.decode("latin-1").lower()
-            metadata.append((key, value if key.endswith("-bin") else value.decode("utf-8", "replace")))
+            metadata.append((key, _binary(value) if key.endswith("-bin") else value.decode("utf-8", "replace")))
     return method, path, content_type, timeout, tuple(metadata)
 
 
@@ -228,7 +238,7 @@ class ServerSession:
             self._header_block(sid, flags, payload, events)
         else:
             self._headers = (sid, flags, bytearray(payload))
-        return True
+        return False  # a block counts by its events: one that starts no call (refused, trailers) carries nothing
 
     def _on_continuation(self, flags: int, sid: int, payload: bytes, events: list) -> bool:
         if self._headers is None or self._headers[0] != sid:
@@ -241,7 +251,7 @@ class ServerSession:
             hsid, hflags, _ = self._headers
             self._headers = None
             self._header_block(hsid, hflags, bytes(block), events)
-        return True
+        return False  # as HEADERS: empty CONTINUATION frames are a flood
 
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
         headers = self.decoder.decode(block)  # always: the table must stay in step with the client's
@@ -302,7 +312,8 @@ class ServerSession:
             if self.buffered > MAX_BUFFERED:
                 raise ProtocolError(f"over {MAX_BUFFERED} bytes of unfinished messages")
             self._messages(stream, events)
-        if size and not stream.finished:  # the window back at once: a message may be up to MAX_MESSAGE
+        if size and not stream.finished and not flags & END_STREAM:  # the window back at once: a message may be
+            # up to MAX_MESSAGE (not after the client's last DATA: nothing more will come)
             self.out += frame(WINDOW_UPDATE, 0, sid, struct.pack(">I", size))
             stream.recv_window += size
         if flags & END_STREAM:
@@ -475,6 +486,11 @@ class ServerSession:
     def goaway(self, code: int = NO_ERROR, text: str = "") -> None:
         """Tell the client no new call will be taken (the calls it opened so far still run)."""
         self.out += frame(GOAWAY, 0, 0, struct.pack(">II", self.last_id, code) + text.encode()[:256])
+
+    def held(self, sid: int) -> int:
+        """Answer bytes of the call waiting for the client's windows (0 once it is gone)."""
+        stream = self.streams.get(sid)
+        return 0 if stream is None else len(stream.out)
 
     def data_to_send(self) -> bytes:
         out, self.out = bytes(self.out), bytearray()
