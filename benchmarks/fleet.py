@@ -3,6 +3,7 @@
     python benchmarks/fleet.py                          # 16 daemons x 4 children, 640 jobs of 0.5 s, 20 ms API
     python benchmarks/fleet.py --wake events,poll       # the same fleet listening, then polling (before/after)
     python benchmarks/fleet.py --daemons 4 --jobs 80 --idle-s 10   # a small run
+    python benchmarks/fleet.py --transports rest,grpc   # the same fleet over REST, then over gRPC
 
 One dev server on loopback answers every request `--delay-ms` late (`--fault-delay-ms`). `--daemons`
 daemons of `--procs` children each serve one queue with sleep jobs (so the two cores do not limit it).
@@ -129,21 +130,23 @@ def server_requests(server: DevServer) -> tuple[int, int]:
     return int(s["requests"]), int(s["rate_limited"])
 
 
-def run_mode(args, wake: str, tmp: str) -> dict:
-    extra = ["--fault-delay-ms", str(args.delay_ms)]
+def run_mode(args, wake: str, tmp: str, transport: str = "rest") -> dict:
+    grpc = transport == "grpc"
+    extra = ["--fault-delay-ms", str(args.delay_ms), *(("--grpc-port", "0") if grpc else ())]
     if args.rate_limit:
         extra += ["--rate-limit", str(args.rate_limit)]
-    server = DevServer(tmp, tuple(extra), name=f"fleet-{wake}").start()
+    server = DevServer(tmp, tuple(extra), name=f"fleet-{wake}-{transport}").start()
     daemons: list[Daemon] = []
     ports: list[int] = []
-    queue = f"fleet-{wake}"
+    queue = f"fleet-{wake}-{transport}"
+    over = ("--transport", "grpc", "--grpc-url", server.grpc) if grpc else ()
     try:
         log(f"[{wake}] starting {args.daemons} daemons x {args.procs}")
         for i in range(args.daemons):
             port = free_port()
             ports.append(port)
             daemons.append(Daemon(server, tmp, queue, args.procs, args.poll_interval, worker_id=f"{queue}-{i:02d}",
-                                  extra=("--wake", wake, "--health-port", str(port), "--prefetch", "auto")))
+                                  extra=("--wake", wake, "--health-port", str(port), "--prefetch", "auto", *over)))
         for d in daemons:
             d.start(timeout=120)
         alive = lambda: all(d.alive() for d in daemons)  # noqa: E731
@@ -176,9 +179,13 @@ def run_mode(args, wake: str, tmp: str) -> dict:
         for d in daemons:
             d.stop()
         server.stop()
-    return summarize(args, wake, rows, burst_counts, idle_before, idle_after,
-                     server_after[0] - server_before[0], server_after[1] - server_before[1],
-                     server_cpu_after - server_cpu_before, burst_wall)
+    result = summarize(args, wake, rows, burst_counts, idle_before, idle_after,
+                       server_after[0] - server_before[0], server_after[1] - server_before[1],
+                       server_cpu_after - server_cpu_before, burst_wall)
+    result["transport"] = transport
+    if grpc:  # the server counts only its REST requests (the daemons' events streams): per request means nothing
+        result["server"]["cpu_us_per_request"] = None
+    return result
 
 
 def summarize(args, wake: str, rows: list[tuple], burst_counts: list[dict], idle_before: dict, idle_after: dict,
@@ -233,7 +240,8 @@ def table(r: dict) -> str:
     f, s = r["first_start_ms"], r["server"]
     ok = lambda good: "ok" if good else "MISSED"  # noqa: E731
     lines = [
-        f"wake={r['wake']}: {r['daemons']} daemons x {r['procs_each']}, {r['jobs']} jobs of {r['job_s']} s, "
+        f"wake={r['wake']}, {r.get('transport', 'rest')}: {r['daemons']} daemons x {r['procs_each']}, "
+        f"{r['jobs']} jobs of {r['job_s']} s, "
         f"API {r['api_delay_ms']} ms",
         f"  first start after enqueue   min {f['min']} / p50 {f['p50']} / max {f['max']} ms; "
         f"{f['daemons_within_target']}/{r['daemons']} within {f['target_ms']:g} ms "
@@ -250,7 +258,9 @@ def table(r: dict) -> str:
         f"                              after:  {r['idle_after']['beyond_heartbeats_mean']} "
         f"(max {r['idle_after']['beyond_heartbeats_max']}) [{ok(r['idle_after']['beyond_heartbeats_max'] <= 0.1)}]"
         f", row reads {r['idle_after']['row_checks_mean']}, all {r['idle_after']['all_mean']}",
-        f"  dev server                  {s['cpu_us_per_request']} us CPU/request, {s['cpu_share_of_a_core']} of a core "
+        f"  dev server                  "
+        f"{'' if s['cpu_us_per_request'] is None else str(s['cpu_us_per_request']) + ' us CPU/request, '}"
+        f"{s['cpu_share_of_a_core']} of a core "
         f"during the burst; claim {s['claim_ms_mean']} ms = delay + {s['claim_ms_beyond_delay']} ms",
     ]
     return "\n".join(lines)
@@ -268,6 +278,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--poll-interval", type=float, default=5.0, help="the daemons' --poll-interval (default 5)")
     ap.add_argument("--rate-limit", type=float, default=None, help="the dev server's requests/s per organization")
     ap.add_argument("--wake", default="events", help="comma-separated modes to run: events, poll")
+    ap.add_argument("--transports", default="rest", help="comma-separated: rest, grpc (each wake mode over each; "
+                    "grpc: the daemons' --transport grpc against the dev server's --grpc-port)")
     ap.add_argument("--json", default="", help="also write the JSON here")
     return ap.parse_args(argv)
 
@@ -277,10 +289,11 @@ def main(argv=None) -> int:
     out = {"machine": machine(), "command": " ".join(["python", "benchmarks/fleet.py", *(argv or sys.argv[1:])]),
            "modes": []}
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        for wake in [w.strip() for w in args.wake.split(",") if w.strip()]:
-            result = run_mode(args, wake, tmp)
-            out["modes"].append(result)
-            print(table(result), flush=True)
+        for transport in [t.strip() for t in args.transports.split(",") if t.strip()]:
+            for wake in [w.strip() for w in args.wake.split(",") if w.strip()]:
+                result = run_mode(args, wake, tmp, transport)
+                out["modes"].append(result)
+                print(table(result), flush=True)
     print(json.dumps(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2) + "\n")

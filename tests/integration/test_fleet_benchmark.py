@@ -14,15 +14,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 @pytest.mark.exclusive
 def test_fleet_benchmark_tiny_run(tmp_path):
     out = tmp_path / "fleet.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "fleet.py"), "--daemons", "2", "--procs", "1", "--jobs", "4",
-           "--job-s", "0.1", "--idle-s", "1", "--settle-s", "1", "--json", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+           "--job-s", "0.1", "--idle-s", "1", "--settle-s", "1", "--transports", "rest,grpc", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    [r] = json.loads(out.read_text())["modes"]
+    r, g = json.loads(out.read_text())["modes"]
+    assert (r["transport"], g["transport"]) == ("rest", "grpc")
+    assert g["completed"] == g["jobs"] == 4 and sum(g["split"].values()) == 4
+    assert g["server"]["cpu_us_per_request"] is None  # the server counts only REST requests
+    assert "wake=events, grpc:" in proc.stdout
     assert r["wake"] == "events" and r["completed"] == r["jobs"] == 4 and sum(r["split"].values()) == 4
     assert r["first_start_ms"]["daemons_started"] == len(r["first_start_ms"]["all"]) >= 1
     assert r["makespan_s"] >= r["span_s"] > 0 and r["ideal_s"] == 0.2 and r["requests_per_job"] > 0
