@@ -62,6 +62,7 @@ from .h2server import (
 PREFACE_TIMEOUT = 10.0  # seconds a new connection has to start speaking HTTP/2
 READ_BUDGET = 256 * 1024  # bytes read from one connection per turn of the I/O thread
 MAX_UNSENT = 16 * 1024 * 1024  # answer bytes held for a client that stopped reading
+COALESCE = 64 * 1024  # answer bytes to one read's calls held for one write at its end
 SWEEP_EVERY = 0.25  # seconds between deadline and preface sweeps
 DEADLINE_EXCEEDED, CANCELLED_CODE, UNAVAILABLE = 4, 1, 14
 _END = object()  # a bidi call's requests are over
@@ -187,6 +188,7 @@ class WireGrpcServer:
         self.delays = delays
         self._timers: list[tuple[float, int, _Call]] = []  # (due, sequence, call): delayed unary calls
         self._timer_seq = 0
+        self._reading: _Conn | None = None  # the connection whose events are being handled
         self.pool = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc")
         self.max_connections = max_connections
         self.sel = selectors.DefaultSelector()
@@ -335,10 +337,14 @@ class WireGrpcServer:
                     conn.session.goaway(PROTOCOL_ERROR, str(e))
                     self._flush(conn)
                     return self._close(conn, f"protocol error: {e}")
-                for event in events:
-                    if conn.closed:  # by an answer before (its client does not read): no later call may start
-                        break
-                    self._event(conn, event)
+                self._reading = conn  # answers made while its events are handled go out in one write, below
+                try:
+                    for event in events:
+                        if conn.closed:  # by an answer before (its client does not read): no later call may start
+                            break
+                        self._event(conn, event)
+                finally:
+                    self._reading = None
                 if len(data) < 65536:
                     break
         if not conn.closed:
@@ -480,7 +486,8 @@ class WireGrpcServer:
             if body is not None:
                 conn.session.send_message(call.sid, body)
             conn.session.finish(call.sid, code, details)
-            self._flush(conn)
+            if self._reading is not conn or len(conn.session.out) > COALESCE:
+                self._flush(conn)  # (small answers to one read's calls go out together, after it)
         call.end()
 
     # ------------------------------------------------------------ sockets
