@@ -62,6 +62,7 @@ from supervisor.proto.h2 import (  # noqa: F401  (re-exported: the tests and the
     frame,
     grpc_message,
     literal,
+    settings,
     unpad,
 )
 
@@ -321,19 +322,12 @@ class H2Session:
             done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)", unprocessed=True))
 
     def _settings(self, payload: bytes) -> None:
-        if len(payload) % 6:
-            raise ProtocolError("a SETTINGS frame of the wrong size")
-        for i in range(0, len(payload), 6):
-            key, value = struct.unpack(">HI", payload[i:i + 6])
+        for key, value in settings(payload):
             if key == S_INITIAL_WINDOW:
-                if value > MAX_WINDOW:
-                    raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past the largest window")
                 delta, self.initial_window = value - self.initial_window, value
                 for call in self.calls.values():
                     call.window += delta
             elif key == S_MAX_FRAME:
-                if not MAX_FRAME <= value < 1 << 24:
-                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
                 self.max_frame = value
             elif key == S_MAX_CONCURRENT:
                 self.max_streams = value

@@ -57,6 +57,7 @@ from supervisor.proto.h2 import (
     frame,
     grpc_message,
     literal,
+    settings,
     unpad,
 )
 
@@ -388,19 +389,12 @@ class ServerSession:
             if payload:
                 raise ProtocolError("a SETTINGS ACK with a payload")
             return False
-        if len(payload) % 6:
-            raise ProtocolError("a SETTINGS frame of the wrong size")
-        for i in range(0, len(payload), 6):
-            key, value = struct.unpack(">HI", payload[i:i + 6])
+        for key, value in settings(payload):
             if key == S_INITIAL_WINDOW:
-                if value > MAX_WINDOW:
-                    raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past the largest window")
                 delta, self.initial_window = value - self.initial_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
             elif key == S_MAX_FRAME:
-                if not MAX_FRAME <= value < 1 << 24:
-                    raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
                 self.max_frame = value
         self.out += frame(SETTINGS, ACK, 0)
         self._send_data()

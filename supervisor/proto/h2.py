@@ -79,6 +79,20 @@ def unpad(flags: int, payload: bytes) -> bytes:
     return payload[1:len(payload) - payload[0]]
 
 
+def settings(payload: bytes) -> list[tuple[int, int]]:
+    """A SETTINGS frame's (identifier, value) pairs, the two every endpoint must bound checked
+    (INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE); ProtocolError otherwise."""
+    if len(payload) % 6:
+        raise ProtocolError("a SETTINGS frame of the wrong size")
+    pairs = [struct.unpack_from(">HI", payload, i) for i in range(0, len(payload), 6)]
+    for key, value in pairs:
+        if key == S_INITIAL_WINDOW and value > MAX_WINDOW:
+            raise ProtocolError("SETTINGS_INITIAL_WINDOW_SIZE past the largest window")
+        if key == S_MAX_FRAME and not MAX_FRAME <= value < 1 << 24:
+            raise ProtocolError(f"SETTINGS_MAX_FRAME_SIZE {value} is out of range")
+    return pairs
+
+
 class BlockDecoder:
     """HPACK decoding of one connection's header blocks, in order (the dynamic table is the connection's).
 
