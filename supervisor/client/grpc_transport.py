@@ -674,6 +674,8 @@ class LoopGrpc:
         """Turn the wire's answers into results, as grpcio's would be (and forget their deadlines); close a
         retiring connection once its last call is answered. A call sent again may be answered at once (its
         connection broke): those answers are taken too, a bounded number of rounds."""
+        if self.wire is None or not (self.wire.answers or self.wire_retiring):
+            return  # (every turn asks: most have nothing)
         for _ in range(RESEND_UNPROCESSED + 2):
             if not self._finish_wire_round():
                 return

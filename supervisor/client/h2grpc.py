@@ -400,7 +400,8 @@ class H2Session:
             self.waiting.remove(sid)
         if sid in self.blocked:
             self.blocked.remove(sid)
-        self._send_ready()
+        if self.waiting or self.blocked:  # a place for a call held back by the stream limit, or bodies that
+            self._send_ready()  # waited behind this one's
 
     def fail_all(self, details: str) -> list[Answer]:
         """Every call still open, answered UNAVAILABLE (the connection is gone)."""
