@@ -197,8 +197,8 @@ class Backend:
             return 0.0
         try:
             org = key_context(self.store, key, time.time()).org
-        except HttpError:
-            return 0.0  # refused anyway, at once
+        except Exception:  # refused (or the store failed): the call itself says so, at once
+            return 0.0
         return self.faults.draw_delay(org)
 
     @contextlib.contextmanager
@@ -572,7 +572,8 @@ def make_grpc_server(store: Store, cfg, faults, limiter, host: str, port: int, m
 
     `implementation`: "wire" (the default: our own HTTP/2, `grpc_wire`) or "grpcio" (grpcio's server).
     Every open stream holds one pool thread: at most `max_streams` streaming RPCs run at once (others wait),
-    which must stay above `stream_limit` (open streams per organization) plus the unary calls in flight."""
+    which must stay above `stream_limit` (open streams per organization); with grpcio its unary calls in
+    flight take pool threads too (with "wire" they run on the I/O thread)."""
     backend = Backend(store, cfg, faults, limiter, events, stream_limit, stream_poll)
     if implementation == "wire":
         from .grpc_wire import WireGrpcServer

@@ -50,6 +50,7 @@ from supervisor.proto.h2 import PROTOCOL_ERROR
 from .h2server import (
     INTERNAL,
     OK,
+    RESOURCE_EXHAUSTED,
     UNIMPLEMENTED,
     UNKNOWN,
     Cancelled,
@@ -62,6 +63,7 @@ from .h2server import (
 PREFACE_TIMEOUT = 10.0  # seconds a new connection has to start speaking HTTP/2
 READ_BUDGET = 256 * 1024  # bytes read from one connection per turn of the I/O thread
 MAX_UNSENT = 16 * 1024 * 1024  # answer bytes held for a client that stopped reading
+MAX_QUEUED = 1000  # a stream's request messages waiting for its servicer
 COALESCE = 64 * 1024  # answer bytes to one read's calls held for one write at its end
 SWEEP_EVERY = 0.25  # seconds between deadline and preface sweeps
 DEADLINE_EXCEEDED, CANCELLED_CODE, UNAVAILABLE = 4, 1, 14
@@ -193,7 +195,7 @@ class WireGrpcServer:
         self.max_connections = max_connections
         self.sel = selectors.DefaultSelector()
         self.conns: set[_Conn] = set()
-        self._posted: collections.deque[Callable[[], None]] = collections.deque()
+        self._posted: collections.deque[tuple[_Call | None, Callable[[], None]]] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -243,9 +245,9 @@ class WireGrpcServer:
             self.post(begin)
         return self.stopped
 
-    def post(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the I/O thread (from any thread)."""
-        self._posted.append(fn)
+    def post(self, fn: Callable[[], None], call: _Call | None = None) -> None:
+        """Run `fn` on the I/O thread (from any thread); should it fail, `call`'s connection is closed."""
+        self._posted.append((call, fn))
         if not self._woken:
             self._woken = True
             try:
@@ -266,7 +268,7 @@ class WireGrpcServer:
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
-                        self._on_ready(key.data, mask)
+                        self._guarded(key.data, self._on_ready, key.data, mask)
                 self._run_posted()
                 now = time.monotonic()
                 if self._timers:
@@ -274,12 +276,21 @@ class WireGrpcServer:
                 if now >= next_sweep:
                     next_sweep = now + SWEEP_EVERY
                     self._sweep(now)
-                if self._stopping and (not any(c.calls for c in self.conns) or now >= self._grace_until):
+                if self._stopping and (not any(c.calls or c.session.out for c in self.conns)
+                                       or now >= self._grace_until):
                     break
         except Exception as e:  # noqa: BLE001  (never silently: the server stops answering gRPC)
             print(f"error: the gRPC server's I/O thread failed: {e!r}", file=sys.stderr, flush=True)
         finally:
+            if self.listener is not None:
+                self.listener.close()
+                self.listener = None
             for conn in list(self.conns):
+                self._flush(conn)  # what is answered goes out (as far as the socket takes it now)
+                try:
+                    conn.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
                 self._close(conn, "the server stopped")
             self.sel.close()
             self._wake_r.close()
@@ -288,16 +299,28 @@ class WireGrpcServer:
             self.stopped.set()
 
     def _drain_wake(self) -> None:
-        self._woken = False
         try:
             while self._wake_r.recv(4096):
                 pass
         except (BlockingIOError, OSError):
             pass
+        # only now: a post() made while the bytes were read saw the flag set and sent none, and its function
+        # runs in this turn's _run_posted; one made after this line sends its byte
+        self._woken = False
 
     def _run_posted(self) -> None:
         while self._posted:
-            self._posted.popleft()()
+            call, fn = self._posted.popleft()
+            self._guarded(None if call is None else call.conn, fn)
+
+    def _guarded(self, conn: _Conn | None, fn: Callable, *args) -> None:
+        """Run `fn` on the I/O thread; a failure ends `conn` (when there is one), never the thread."""
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001  (a bug or a hostile peer must not stop every client's gRPC)
+            print(f"warning: the gRPC server failed on a connection: {e!r}", file=sys.stderr, flush=True)
+            if conn is not None:
+                self._close(conn, f"the server failed: {type(e).__name__}")
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -358,6 +381,9 @@ class WireGrpcServer:
             return
         if isinstance(event, Message):
             if call.requests is not None:
+                if call.requests.qsize() >= MAX_QUEUED:  # the client sends far faster than its answers come
+                    return self._answer(call, RESOURCE_EXHAUSTED, f"over {MAX_QUEUED} messages waiting to be "
+                                        "handled on this stream")
                 call.requests.put(self._parse(call, event.body))
             elif call.messages:
                 self._answer(call, INTERNAL, "more than one request message for a call that takes one")
@@ -395,7 +421,7 @@ class WireGrpcServer:
             self._timer_seq += 1
             heapq.heappush(self._timers, (time.monotonic() + delay, self._timer_seq, call))
         else:
-            self._unary(call)
+            self._unary(call, drawn=True)  # no delay drawn: none applied, even if one is switched on meanwhile
 
     # ------------------------------------------------------------ calls
     def _parse(self, call: _Call, body: bytes):
@@ -429,12 +455,12 @@ class WireGrpcServer:
         while self._timers and self._timers[0][0] <= now:
             _, _, call = heapq.heappop(self._timers)
             if not call.ended and call.conn.calls.get(call.sid) is call:  # not cancelled or timed out meanwhile
-                self._unary(call, drawn=True)
+                self._guarded(call.conn, self._unary, call, True)
 
     def _server_stream(self, call: _Call) -> None:
         request = self._parse(call, call.messages[0])
         if request is None:
-            self.post(lambda: self._answer(call, INTERNAL, "Exception deserializing request!"))
+            self.post(lambda: self._answer(call, INTERNAL, "Exception deserializing request!"), call)
             return
         self._stream(call, call.method.handler(request, Context(call)))
 
@@ -444,10 +470,10 @@ class WireGrpcServer:
     def _requests(self, call: _Call) -> Iterator:
         while True:
             item = call.requests.get()
-            if item is _END or item is _GONE:
+            if item is _END or item is _GONE or call.ended:  # (a call cancelled with requests still queued)
                 return
             if item is None:  # a message that does not parse: the call ends, as grpcio's does
-                self.post(lambda: self._answer(call, INTERNAL, "Exception deserializing request!"))
+                self.post(lambda: self._answer(call, INTERNAL, "Exception deserializing request!"), call)
                 call.end()
                 return
             yield item
@@ -460,7 +486,7 @@ class WireGrpcServer:
                 if call.ended:
                     break
                 body = answer.SerializeToString()
-                self.post(functools.partial(self._send, call, body))
+                self.post(functools.partial(self._send, call, body), call)
         except Aborted as a:
             code, details = a.code, a.details
         except Exception as e:
@@ -470,7 +496,7 @@ class WireGrpcServer:
             close = getattr(answers, "close", None)
             if close is not None:
                 close()
-        self.post(lambda: self._answer(call, code, details))
+        self.post(lambda: self._answer(call, code, details), call)
 
     def _send(self, call: _Call, body: bytes) -> None:
         if not call.ended and not call.conn.closed:
@@ -486,7 +512,9 @@ class WireGrpcServer:
             if body is not None:
                 conn.session.send_message(call.sid, body)
             conn.session.finish(call.sid, code, details)
-            if self._reading is not conn or len(conn.session.out) > COALESCE:
+            if conn.session.held(call.sid) > MAX_UNSENT:  # an answer waiting for a window never opened
+                self._close(conn, "the client does not read its answers")
+            elif self._reading is not conn or len(conn.session.out) > COALESCE:
                 self._flush(conn)  # (small answers to one read's calls go out together, after it)
         call.end()
 

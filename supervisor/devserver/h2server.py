@@ -64,6 +64,7 @@ from supervisor.proto.h2 import (
 MAX_STREAMS = 200  # open calls per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
 MAX_MESSAGE = 4 * 1024 * 1024  # one request message
 MAX_HEADER_LIST = 16 * 1024  # a call's headers, decoded
+MAX_DETAILS = 4096  # bytes of a percent-encoded grpc-message: the trailers fit one frame
 MAX_BUFFERED = 32 * 1024 * 1024  # bytes of unfinished request messages held for one connection
 STREAM_WINDOW = 1024 * 1024  # what a client may send on a call before we widen its window
 CONNECTION_WINDOW = 16 * 1024 * 1024
@@ -123,6 +124,15 @@ class _Stream:
 def percent_encode(text: str) -> bytes:
     """grpc-message: UTF-8, every byte outside printable ASCII (and '%') as %XX."""
     return b"".join(bytes((b,)) if b in _SAFE else b"%%%02X" % b for b in text.encode("utf-8", "replace"))
+
+
+def cut_encoded(text: bytes, limit: int) -> bytes:
+    """A percent-encoded text cut to at most `limit` bytes, never inside a %XX escape."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    tail = cut.rfind(b"%", max(0, limit - 2))
+    return cut[:tail] if tail != -1 else cut
 
 
 def parse_timeout(value: bytes) -> float | None:
@@ -448,6 +458,7 @@ class ServerSession:
         if not stream.headers_sent:
             stream.headers_sent = True
             self.out += frame(HEADERS, END_HEADERS, sid, _RESPONSE_HEAD)
+        self.idle_frames = 0  # a connection being answered is no flood (keepalive pings around a stream)
         stream.out += grpc_message(body)
         self._queue(stream)
         return True
@@ -460,7 +471,7 @@ class ServerSession:
         stream.finished = True
         block = literal(b"grpc-status", str(code).encode()) if code else _OK_TRAILERS
         if details:
-            block += literal(b"grpc-message", percent_encode(details[:4096]))
+            block += literal(b"grpc-message", cut_encoded(percent_encode(details), MAX_DETAILS))
         if not stream.headers_sent:  # trailers-only
             stream.headers_sent = True
             self.out += frame(HEADERS, END_HEADERS | END_STREAM, sid, _RESPONSE_HEAD + block)

@@ -233,6 +233,18 @@ def test_an_error_before_any_message_is_trailers_only_with_a_percent_encoded_mes
     assert c.send(frame(DATA, END_STREAM, 3, grpc_message(b"in flight"))) == []  # dropped, no error
 
 
+def test_a_long_non_ascii_error_still_fits_one_frame_and_is_cut_between_escapes():
+    c = Client()
+    c.send(c.call(1, b"req"))
+    c.frames()
+    assert c.session.finish(1, 7, "API key does not have permission for queue '" + "é" * 4096 + "'")
+    (kind, _, _, block), = c.frames()
+    assert kind == HEADERS and len(block) <= MAX_FRAME
+    message = c.fields(block)["grpc-message"]
+    assert len(message) <= 4096 and message.startswith("API key does not have permission for queue '%C3%A9")
+    assert message.endswith("%C3%A9") or message.endswith("%C3")  # never half an escape
+
+
 def test_answers_after_the_client_keeps_sending_are_reset_with_no_error_after_the_trailers():
     c = Client()
     c.send(c.headers(1) + frame(DATA, 0, 1, grpc_message(b"first")))  # a bidi call, still open
