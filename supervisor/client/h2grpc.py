@@ -63,6 +63,7 @@ from supervisor.proto.h2 import (  # noqa: F401  (re-exported: the tests and the
     grpc_message,
     literal,
     settings,
+    split,
     unpad,
 )
 
@@ -220,25 +221,17 @@ class H2Session:
         else:
             buf = data
         done: list[Answer] = []
-        pos, end, unpack = 0, len(buf), HEAD.unpack_from
-        while end - pos >= 9:
-            high, low, kind, flags, sid = unpack(buf, pos)
-            length = high << 16 | low
-            if length > MAX_FRAME:
-                raise ProtocolError(f"a frame of {length} bytes (we allow {MAX_FRAME})")
-            if end - pos < 9 + length:
-                break
-            payload = buf[pos + 9:pos + 9 + length]
-            pos += 9 + length
+        frames, pos = split(buf)
+        for kind, flags, sid, payload in frames:
             finished = len(done)
-            self._frame(kind, flags, sid & 0x7FFFFFFF, payload, done)
+            self._frame(kind, flags, sid, payload, done)
             if len(done) > finished:
                 self.idle_frames = 0
             else:
                 self.idle_frames += 1
                 if self.idle_frames > FLOOD:
                     raise ProtocolError(f"over {FLOOD} frames in a row that finish no call (a flood)")
-        self.buf = bytearray(buf[pos:]) if pos < end else bytearray()
+        self.buf = bytearray(buf[pos:]) if pos < len(buf) else bytearray()
         if self.unacked >= OUR_WINDOW // 2:
             self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.unacked))
             self.unacked = 0

@@ -34,7 +34,6 @@ from supervisor.proto.h2 import (
     END_STREAM,
     FLOW_CONTROL_ERROR,
     GOAWAY,
-    HEAD,
     HEADERS,
     MAX_FRAME,
     MAX_WINDOW,
@@ -58,6 +57,7 @@ from supervisor.proto.h2 import (
     grpc_message,
     literal,
     settings,
+    split,
     unpad,
 )
 
@@ -211,28 +211,20 @@ class ServerSession:
                 raise ProtocolError("not an HTTP/2 client (no connection preface)")
             self.preface, pos = True, len(PREFACE)
         events: list[Event] = []
-        end, unpack = len(buf), HEAD.unpack_from
-        while end - pos >= 9:
-            high, low, kind, flags, sid = unpack(buf, pos)
-            length = high << 16 | low
-            if length > MAX_FRAME:
-                raise ProtocolError(f"a frame of {length} bytes (we allow {MAX_FRAME})")
-            if end - pos < 9 + length:
-                break
-            payload = buf[pos + 9:pos + 9 + length]
-            pos += 9 + length
+        frames, pos = split(buf, pos)
+        for kind, flags, sid, payload in frames:
             if self._headers is not None and kind != CONTINUATION:
                 raise ProtocolError("a header block was interrupted")
             before = len(events)
             handler = _HANDLERS.get(kind)
-            useful = handler(self, flags, sid & 0x7FFFFFFF, payload, events) if handler is not None else False
+            useful = handler(self, flags, sid, payload, events) if handler is not None else False
             if useful or len(events) > before:
                 self.idle_frames = 0
             else:
                 self.idle_frames += 1
                 if self.idle_frames > FLOOD:
                     raise ProtocolError(f"over {FLOOD} frames in a row that carry no call (a flood)")
-        self.buf = bytearray(buf[pos:]) if pos < end else bytearray()
+        self.buf = bytearray(buf[pos:]) if pos < len(buf) else bytearray()
         if self.unacked >= CONNECTION_WINDOW // 2:
             self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", self.unacked))
             self.recv_window += self.unacked

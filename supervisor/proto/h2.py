@@ -79,6 +79,23 @@ def unpad(flags: int, payload: bytes) -> bytes:
     return payload[1:len(payload) - payload[0]]
 
 
+def split(buf: bytes, pos: int = 0) -> tuple[list[tuple[int, int, int, bytes]], int]:
+    """The whole frames in `buf` from `pos` as (type, flags, stream id, payload), and where the first
+    incomplete one starts. A frame over MAX_FRAME is a ProtocolError as soon as its header is in."""
+    frames = []
+    end, unpack = len(buf), HEAD.unpack_from
+    while end - pos >= 9:
+        high, low, kind, flags, sid = unpack(buf, pos)
+        length = high << 16 | low
+        if length > MAX_FRAME:
+            raise ProtocolError(f"a frame of {length} bytes (we allow {MAX_FRAME})")
+        if end - pos < 9 + length:
+            break
+        frames.append((kind, flags, sid & 0x7FFFFFFF, buf[pos + 9:pos + 9 + length]))
+        pos += 9 + length
+    return frames, pos
+
+
 def settings(payload: bytes) -> list[tuple[int, int]]:
     """A SETTINGS frame's (identifier, value) pairs, the two every endpoint must bound checked
     (INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE); ProtocolError otherwise."""
