@@ -191,6 +191,7 @@ class WireGrpcServer:
         self._timers: list[tuple[float, int, _Call]] = []  # (due, sequence, call): delayed unary calls
         self._timer_seq = 0
         self._reading: _Conn | None = None  # the connection whose events are being handled
+        self._accept_paused = False  # the listener is left unwatched until the next sweep (no descriptors)
         self.pool = ThreadPoolExecutor(max_workers=max_streams, thread_name_prefix="devserver-grpc")
         self.max_connections = max_connections
         self.sel = selectors.DefaultSelector()
@@ -231,7 +232,8 @@ class WireGrpcServer:
             self._accepting = False
             self._grace_until = time.monotonic() + (grace or 0.0)
             if self.listener is not None:
-                self.sel.unregister(self.listener)
+                if not self._accept_paused:
+                    self.sel.unregister(self.listener)
                 self.listener.close()
                 self.listener = None
             for conn in list(self.conns):
@@ -329,8 +331,11 @@ class WireGrpcServer:
                 sock, _addr = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # out of file descriptors: the connection waits in the backlog
+            except OSError as e:  # out of file descriptors: the connection waits in the backlog, and the
+                # listener is not watched until the next sweep (still readable, it would wake the thread at once)
                 print(f"warning: gRPC accept failed: {e}", file=sys.stderr, flush=True)
+                self.sel.unregister(self.listener)
+                self._accept_paused = True
                 return
             if len(self.conns) >= self.max_connections or not self._accepting:
                 sock.close()
@@ -561,6 +566,9 @@ class WireGrpcServer:
             call.end()
 
     def _sweep(self, now: float) -> None:
+        if self._accept_paused and self.listener is not None:
+            self._accept_paused = False
+            self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         for conn in list(self.conns):
             if not conn.session.preface and now - conn.opened > PREFACE_TIMEOUT:
                 self._close(conn, "no HTTP/2 preface in time")

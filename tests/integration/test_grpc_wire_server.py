@@ -87,3 +87,43 @@ def test_stop_closes_the_listener():
         assert b"\x00\x00\x08\x07\x00\x00\x00\x00\x00" in rest  # a GOAWAY frame (8 bytes, stream 0) was written
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_out_of_descriptors_pauses_accepting_instead_of_spinning(server, capfd):
+    """accept() failing (EMFILE) leaves the listener unwatched until the next sweep: the thread does not spin
+    on a listener that stays readable, and the waiting connection is taken once accept works again."""
+    s, port = server
+    real = s.listener
+    calls = []
+
+    class Exhausted:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def fileno(self):
+            return self.sock.fileno()
+
+        def accept(self):
+            calls.append(time.monotonic())
+            if len(calls) <= 3:
+                raise OSError(24, "Too many open files")
+            return self.sock.accept()
+
+        def close(self):
+            self.sock.close()
+
+    swapped = threading.Event()
+
+    def swap() -> None:
+        s.listener = Exhausted(real)
+        swapped.set()
+
+    s.post(swap)
+    assert swapped.wait(5)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+        c.settimeout(5)
+        c.sendall(PREFACE)
+        assert c.recv(9)  # accepted, after the failures
+    assert 3 < len(calls) < 12, len(calls)  # one failed accept per sweep, not thousands in a tight loop
+    assert calls[3] - calls[0] >= 0.4  # the three failures were a sweep apart
+    assert "gRPC accept failed" in capfd.readouterr().err
