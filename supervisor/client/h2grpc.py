@@ -222,9 +222,14 @@ class H2Session:
             buf = data
         done: list[Answer] = []
         frames, pos = split(buf)
+        handlers = self._handlers
         for kind, flags, sid, payload in frames:
+            if self._headers is not None and kind != CONTINUATION:
+                raise ProtocolError("a header block was interrupted")
             finished = len(done)
-            self._frame(kind, flags, sid, payload, done)
+            handler = handlers.get(kind)
+            if handler is not None:  # PRIORITY, PUSH_PROMISE (refused by our settings), unknown kinds: ignored
+                handler(self, flags, sid, payload, done)
             if len(done) > finished:
                 self.idle_frames = 0
             else:
@@ -239,17 +244,11 @@ class H2Session:
             raise ProtocolError(f"over {MAX_UNSENT} bytes unsent: the server does not read what we send")
         return done
 
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
-        if self._headers is not None and kind != CONTINUATION:
-            raise ProtocolError("a header block was interrupted")
-        handler = self._handlers.get(kind)
-        if handler is not None:  # PRIORITY, PUSH_PROMISE (refused by our settings), unknown kinds: ignored
-            handler(self, flags, sid, payload, done)
-
     def _on_headers(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         if not sid:
             raise ProtocolError("HEADERS on stream 0")
-        payload = unpad(flags, payload)
+        if flags & PADDED:
+            payload = unpad(flags, payload)
         if flags & PRIORITY:
             payload = payload[5:]
         if flags & END_HEADERS:
@@ -585,16 +584,15 @@ class H2Client:
 
         if self.sock is None or self.session is None or self.state != "ready":
             return
-        out = self.session.data_to_send()
+        out = self.session.out  # written from the session's own buffer: what is not written stays first in line
         if out:
-            self.session.out = bytearray(out)  # whatever is not written stays first in line
             try:
                 sent = self.sock.send(out)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 sent = 0
             except OSError as exc:  # reset or broken pipe: every call on it ends UNAVAILABLE, never raised
                 return self.drop(f"{type(exc).__name__}: {exc}")
-            del self.session.out[:sent]
+            del out[:sent]
         self._watch(_R | _W if self.session.out else _R)
 
     def _fail_calls(self, why: str) -> None:
