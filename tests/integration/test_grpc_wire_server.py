@@ -37,7 +37,7 @@ def posted_within(s: WireGrpcServer) -> float:
 
 def test_a_post_is_run_at_once_after_posts_raced_the_wake_up(server):
     """Many threads posting at once (so posts land while the I/O thread reads its wake-up bytes), then single
-    posts: each runs within a fraction of the 0.25 s sweep, never waiting for it (a lost wake-up would)."""
+    posts: they run within a fraction of the 0.25 s sweep, not each waiting for it (a lost wake-up would)."""
     s, _ = server
     for _ in range(5):
         stop = time.monotonic() + 0.4
@@ -51,8 +51,9 @@ def test_a_post_is_run_at_once_after_posts_raced_the_wake_up(server):
             t.start()
         for t in threads:
             t.join(10)
-        waits = [posted_within(s) for _ in range(5)]
-        assert max(waits) < 0.15, waits
+        waits = sorted(posted_within(s) for _ in range(5))
+        # a lost wake-up makes every later post wait for the 0.25 s sweep; a busy machine, the odd one
+        assert waits[2] < 0.1, waits
 
 
 def test_a_posted_function_that_fails_does_not_stop_the_server(server, capfd):
