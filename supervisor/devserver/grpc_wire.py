@@ -137,9 +137,6 @@ class Context:
     def is_active(self) -> bool:
         return not self._call.ended
 
-    def time_remaining(self) -> float | None:
-        return None if self._call.deadline is None else max(0.0, self._call.deadline - time.monotonic())
-
 
 @dataclass(eq=False)
 class _Call:
@@ -419,14 +416,13 @@ class WireGrpcServer:
             self._answer(call, INTERNAL, "the call ended without its request message")
         elif call.method.kind == "server_stream":
             self.pool.submit(self._server_stream, call)
-        elif self.delays is not None and self.delays.active():
-            delay = self.delays.draw(call.metadata)
-            if delay <= 0:
-                return self._unary(call, drawn=True)
-            self._timer_seq += 1
-            heapq.heappush(self._timers, (time.monotonic() + delay, self._timer_seq, call))
         else:
-            self._unary(call, drawn=True)  # no delay drawn: none applied, even if one is switched on meanwhile
+            delay = self.delays.draw(call.metadata) if self.delays is not None and self.delays.active() else 0.0
+            if delay > 0:
+                self._timer_seq += 1
+                heapq.heappush(self._timers, (time.monotonic() + delay, self._timer_seq, call))
+            else:
+                self._unary(call)
 
     # ------------------------------------------------------------ calls
     def _parse(self, call: _Call, body: bytes):
@@ -448,8 +444,10 @@ class WireGrpcServer:
             print(f"warning: internal error on a gRPC call: {e!r}", file=sys.stderr, flush=True)
             return UNKNOWN, f"Exception calling application: {e}", None
 
-    def _unary(self, call: _Call, drawn: bool = False) -> None:
-        if drawn and self.delays is not None:
+    def _unary(self, call: _Call) -> None:
+        """Run a unary call whose delay (if any) is over: the servicer is never delayed again, even by a delay
+        switched on since the call's was drawn."""
+        if self.delays is not None:
             with self.delays.drawn():
                 code, details, body = self._run_unary(call)
         else:
@@ -460,7 +458,7 @@ class WireGrpcServer:
         while self._timers and self._timers[0][0] <= now:
             _, _, call = heapq.heappop(self._timers)
             if not call.ended and call.conn.calls.get(call.sid) is call:  # not cancelled or timed out meanwhile
-                self._guarded(call.conn, self._unary, call, True)
+                self._guarded(call.conn, self._unary, call)
 
     def _server_stream(self, call: _Call) -> None:
         request = self._parse(call, call.messages[0])
@@ -527,17 +525,16 @@ class WireGrpcServer:
     def _flush(self, conn: _Conn) -> None:
         if conn.closed:
             return
-        out = conn.session.data_to_send()
+        out = conn.session.out  # written from the session's own buffer: what is not written stays first in line
         if out:
-            conn.session.out = bytearray(out)  # whatever is not written stays first in line
             try:
                 sent = conn.sock.send(out)
             except (BlockingIOError, InterruptedError):
                 sent = 0
             except OSError as e:
                 return self._close(conn, f"{type(e).__name__}: {e}")
-            del conn.session.out[:sent]
-            if len(conn.session.out) > MAX_UNSENT:
+            del out[:sent]
+            if len(out) > MAX_UNSENT:
                 return self._close(conn, "the client does not read its answers")
         want = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.session.out else 0)
         if want != conn.events:
