@@ -543,7 +543,10 @@ def test_a_flooding_connection_does_not_hold_another_clients_calls(server, kind)
         before = counts[kind]
         took = [serves(server, f"during a {kind} flood") for _ in range(3)]
         assert max(took) < 3, took
-        assert counts[kind] > before  # the flood went on meanwhile
+        deadline = time.monotonic() + 10  # the flood goes on beside them (a loaded host may run a round slowly)
+        while counts[kind] <= before:
+            assert time.monotonic() < deadline, counts
+            time.sleep(0.05)
     finally:
         stop.set()
         for t in flooders:
