@@ -124,7 +124,10 @@ def test_a_child_killed_by_the_kernel_oom_killer_is_named_so(dev_server, cgroup)
         assert job["last_error"].startswith("ChildProcessDied: the child process running this job (pid "), job
         assert job["last_error"].endswith("killed by the kernel OOM killer (SIGKILL)"), job
         assert time.monotonic() - started < 40
-        assert status_of(port)["memory"]["oom_kills"] == 1
+        # The job's failure is sent when the death is seen; /status is a snapshot published at most every 100 ms.
+        memory = wait_until(lambda: (lambda m: m if m["oom_kills"] else None)(status_of(port)["memory"]),
+                            timeout=5, what="the OOM kill in /status")
+        assert memory["oom_kills"] == 1
         metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert "spooled_supervisor_oom_kills_total 1" in metrics
         ok = wait_for_status(dev_server, [dev_server.enqueue("oom", {"do": "version"})], timeout=30)[0]
