@@ -4,6 +4,7 @@
     python benchmarks/bench_api.py --quick            # fewer jobs
     python benchmarks/bench_api.py --sections latency --delays 0,20,50 --ms 20,100
     python benchmarks/bench_api.py --sections latency,noop --only ours,grpc   # REST against gRPC
+    python benchmarks/bench_api.py --sections latency --only ours,grpc --repeat 3   # medians of 3 turns each
 
 Sections, each run side by side in one go against dev servers on loopback:
   latency  the dev server answers every request `--fault-delay-ms` late (0, 20, 50 ms); CPU-bound jobs
@@ -268,22 +269,28 @@ def latency_section(args, tmp: str) -> list[dict]:
                 count = max(args.min_jobs * CORES, int(args.seconds * CORES * 1000 / ms))
                 ideal = CORES * 1000.0 / ms
                 log(f"latency {delay} ms, jobs {ms:g} ms x {count}: multiprocessing.Pool")
-                pool_before = pool_rate(ms, count, args.sleep)
+                pools = [pool_rate(ms, count, args.sleep)]
                 added = []
-                for kind, extra in workers(server, args):
-                    queue = f"lat-{delay}-{int(ms)}-{kind}"
-                    log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}")
-                    trace = os.path.join(tmp, f"trace-{queue}.txt")
-                    payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
-                    if kind == "history":
-                        warm_up(server, tmp, queue, payload)
-                    r = run_worker(kind, server, tmp, queue, {**payload, "trace": trace}, count, CORES, extra)
-                    r.update({"api_delay_ms": delay, "job_ms": ms, "efficiency": round(r["jobs_per_s"] / ideal, 4),
-                              "steady_efficiency": round(r["steady_jobs_per_s"] / ideal, 4),
-                              "gap_ms": gaps(trace) if kind != "sdk" else None})
-                    added.append(r)
-                log(f"latency {delay} ms, jobs {ms:g} ms x {count}: multiprocessing.Pool again")
-                pool = (pool_before + pool_rate(ms, count, args.sleep)) / 2  # the mean of both sides of the rows
+                runners = workers(server, args)
+                for run in range(1, args.repeat + 1):
+                    # turn by turn in opposite orders, so that neither side always runs first after Pool
+                    for kind, extra in (runners if run % 2 else runners[::-1]):
+                        queue = f"lat-{delay}-{int(ms)}-{kind}" + (f"-{run}" if args.repeat > 1 else "")
+                        log(f"latency {delay} ms, jobs {ms:g} ms x {count}: {kind}" +
+                            (f" (run {run})" if args.repeat > 1 else ""))
+                        trace = os.path.join(tmp, f"trace-{queue}.txt")
+                        payload = {"sleep_s": ms / 1000.0} if args.sleep else {"ms": ms}
+                        if kind == "history":
+                            warm_up(server, tmp, queue, payload)
+                        r = run_worker(kind, server, tmp, queue, {**payload, "trace": trace}, count, CORES, extra)
+                        r.update({"api_delay_ms": delay, "job_ms": ms, "run": run,
+                                  "efficiency": round(r["jobs_per_s"] / ideal, 4),
+                                  "steady_efficiency": round(r["steady_jobs_per_s"] / ideal, 4),
+                                  "gap_ms": gaps(trace) if kind != "sdk" else None})
+                        added.append(r)
+                    log(f"latency {delay} ms, jobs {ms:g} ms x {count}: multiprocessing.Pool again")
+                    pools.append(pool_rate(ms, count, args.sleep))
+                pool = sum(pools) / len(pools)  # the mean of the runs around the rows
                 for r in added:
                     r.update({"pool_jobs_per_s": round(pool, 2), "pool_efficiency": round(pool / ideal, 4),
                               "over_pool": round(r["jobs_per_s"] / pool, 4)})
@@ -291,6 +298,22 @@ def latency_section(args, tmp: str) -> list[dict]:
         finally:
             server.stop()
     return rows
+
+
+def latency_medians(rows: list[dict]) -> list[dict]:
+    """Per (API delay, job length, worker): the median over its runs of the ratio to Pool, and the lowest
+    and highest."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        groups.setdefault((r["api_delay_ms"], r["job_ms"], r["worker"]), []).append(r["over_pool"])
+    out = []
+    for (delay, ms, worker), values in groups.items():
+        values.sort()
+        mid = len(values) // 2
+        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+        out.append({"api_delay_ms": delay, "job_ms": ms, "worker": worker, "runs": len(values),
+                    "over_pool_median": round(median, 4), "over_pool_min": values[0], "over_pool_max": values[-1]})
+    return out
 
 
 NOOP_REPEATS = 3  # the daemon's own no-op row (and the baseline's) runs this many times: its figure is their median
@@ -384,6 +407,12 @@ def table(result: dict) -> str:
             out.append(f"{r['api_delay_ms']:>6} {r['job_ms']:>5g} {r['worker']:>10} {r['jobs_per_s']:>8} "
                        f"{r['efficiency']:>6} {r.get('pool_efficiency', '-'):>8} {r.get('over_pool', '-'):>7} "
                        f"{r.get('steady_efficiency', '-'):>6} {rw:>20} {gw:>20}")
+        if any(m["runs"] > 1 for m in result.get("latency_medians") or []):
+            out.append("The same, the median of each worker's runs (the runs taking turns in opposite orders):")
+            out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'runs':>4} {'/ Pool':>7} {'lowest':>7} {'highest':>7}")
+            for m in result["latency_medians"]:
+                out.append(f"{m['api_delay_ms']:>6} {m['job_ms']:>5g} {m['worker']:>10} {m['runs']:>4} "
+                           f"{m['over_pool_median']:>7} {m['over_pool_min']:>7} {m['over_pool_max']:>7}")
     if result.get("noop"):
         base = noop_median(result["noop"], "baseline")
         out.append(f"No-op jobs (parent CPU per job, idle included; ours: median of its runs "
@@ -413,6 +442,9 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--delays", default="0,20,50")
     ap.add_argument("--ms", default="5,20,100")
     ap.add_argument("--rates", default="5,25,100")
+    ap.add_argument("--repeat", type=int, default=1, help="run each latency row's workers this many times, taking "
+                    "turns in opposite orders (Pool again after each turn); a table of each worker's median follows "
+                    "(default 1)")
     ap.add_argument("--seconds", type=float, help="ideal seconds of work per latency row (default 4, quick 1.5)")
     ap.add_argument("--min-jobs", type=int, help="jobs per core per latency row at least (default 100, quick 10): "
                     "a batch's fixed costs (the first claim's round trip, before any run time is known; the last "
@@ -454,6 +486,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="spooled-bench-api-") as tmp:
         if "latency" in sections:
             result["latency"] = latency_section(args, tmp)
+            result["latency_medians"] = latency_medians(result["latency"])
         if "noop" in sections:
             result["noop"] = noop_section(args, tmp)
         if "fleet" in sections:

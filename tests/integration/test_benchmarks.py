@@ -62,13 +62,22 @@ def test_api_benchmark_tiny_run(tmp_path):
     out = tmp_path / "api.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api.py"), "--quick", "--delays", "20", "--ms", "20",
            "--rates", "25", "--seconds", "0.3", "--noop-jobs", "100", "--fleet-jobs", "4", "--budget-seconds", "2",
-           "--no-sdk", "--history", "--json", str(out)]
+           "--no-sdk", "--history", "--repeat", "2", "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r = json.loads(out.read_text())
     rows = {row["worker"]: row for row in r["latency"]}
     assert {"ours", "prefetch0", "history"} <= set(rows)  # history's warm-up jobs are not counted in its row
     assert [row["run"] for row in r["noop"] if row["worker"] == "ours"] == [1, 2, 3]
+    # --repeat 2: each worker twice, in opposite orders, and the median of its two runs
+    first = [row["worker"] for row in r["latency"] if row["run"] == 1]
+    assert first[:3] == ["ours", "prefetch0", "history"]  # (then grpc, with the grpc extra)
+    assert [row["worker"] for row in r["latency"] if row["run"] == 2] == first[::-1]
+    medians = {m["worker"]: m for m in r["latency_medians"]}
+    ours = sorted(row["over_pool"] for row in r["latency"] if row["worker"] == "ours")
+    assert medians["ours"]["runs"] == 2 and medians["ours"]["over_pool_median"] == round(sum(ours) / 2, 4)
+    assert (medians["ours"]["over_pool_min"], medians["ours"]["over_pool_max"]) == (ours[0], ours[1])
+    assert "the median of each worker's runs" in proc.stdout
     for row in r["latency"] + r["noop"] + r["budget"]:
         assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
     assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]
