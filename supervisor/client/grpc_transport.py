@@ -145,12 +145,21 @@ def restore_ints(value: Any) -> Any:
     return value
 
 
+_SECONDS: dict[int, str] = {}  # whole seconds -> "YYYY-MM-DDTHH:MM:SS." (a job's times repeat a few seconds)
+
+
 def _rfc3339(ts: Any) -> str | None:
-    if ts.seconds == 0 and ts.nanos == 0:
+    seconds, nanos = ts.seconds, ts.nanos
+    if seconds == 0 and nanos == 0:
         return None
-    g = time.gmtime(ts.seconds)
-    return (f"{g.tm_year:04d}-{g.tm_mon:02d}-{g.tm_mday:02d}T{g.tm_hour:02d}:{g.tm_min:02d}:{g.tm_sec:02d}."
-            f"{ts.nanos // 1000:06d}Z")
+    head = _SECONDS.get(seconds)
+    if head is None:
+        if len(_SECONDS) >= 256:
+            _SECONDS.clear()
+        g = time.gmtime(seconds)
+        head = _SECONDS[seconds] = (f"{g.tm_year:04d}-{g.tm_mon:02d}-{g.tm_mday:02d}T{g.tm_hour:02d}:{g.tm_min:02d}:"
+                                    f"{g.tm_sec:02d}.")
+    return f"{head}{nanos // 1000:06d}Z"
 
 
 def struct_value(value: Any) -> Any:
@@ -699,11 +708,10 @@ class LoopGrpc:
                 ctx.resent += 1  # the server never acted on it (a refused stream, GOAWAY): sent again at once
                 self._send_wire(ctx)
                 continue
-            code = _status_code(answer.status)
             if answer.status != 0:
                 # what the server said, as a server said it: never the key, never more than a line's worth
                 details = self.api._key.scrub(answer.details)[:MAX_DETAILS]
-                self._unary_done(ctx.tag, ctx.call, ctx.started, code, details, None)
+                self._unary_done(ctx.tag, ctx.call, ctx.started, _status_code(answer.status), details, None)
                 continue
             try:
                 reply = _answer_types()[ctx.answer_type].FromString(answer.message or b"")

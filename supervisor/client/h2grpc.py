@@ -143,7 +143,19 @@ class H2Session:
         """Queue a call of `path` with `body` (a serialized request); returns its stream id."""
         sid = self.next_id
         self.next_id += 2
-        self.calls[sid] = _Call(path, grpc_message(body), window=self.initial_window)
+        message = grpc_message(body)
+        call = self.calls[sid] = _Call(path, message, window=self.initial_window)
+        n = len(message)
+        if (not self.waiting and not self.blocked and self.open < self.max_streams - self.max_streams // 10
+                and not self.goaway and n <= self.send_window and n <= call.window and n <= self.max_frame):
+            block = self._block(path)  # the common case: nothing queued, and it fits: HEADERS + DATA at once
+            if len(block) <= self.max_frame:
+                call.started, call.sent = True, n
+                self.open += 1
+                self.send_window -= n
+                call.window -= n
+                self.out += frame(HEADERS, END_HEADERS, sid, block) + frame(DATA, END_STREAM, sid, message)
+                return sid
         self.waiting.append(sid)
         self._send_ready()
         return sid
@@ -226,11 +238,10 @@ class H2Session:
         for kind, flags, sid, payload in frames:
             if self._headers is not None and kind != CONTINUATION:
                 raise ProtocolError("a header block was interrupted")
-            finished = len(done)
             handler = handlers.get(kind)
-            if handler is not None:  # PRIORITY, PUSH_PROMISE (refused by our settings), unknown kinds: ignored
-                handler(self, flags, sid, payload, done)
-            if len(done) > finished:
+            # (PRIORITY, PUSH_PROMISE (refused by our settings), unknown kinds: ignored); a handler returns
+            # True when the frame finished a call
+            if handler is not None and handler(self, flags, sid, payload, done):
                 self.idle_frames = 0
             else:
                 self.idle_frames += 1
@@ -244,7 +255,7 @@ class H2Session:
             raise ProtocolError(f"over {MAX_UNSENT} bytes unsent: the server does not read what we send")
         return done
 
-    def _on_headers(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+    def _on_headers(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> bool:
         if not sid:
             raise ProtocolError("HEADERS on stream 0")
         if flags & PADDED:
@@ -252,11 +263,11 @@ class H2Session:
         if flags & PRIORITY:
             payload = payload[5:]
         if flags & END_HEADERS:
-            self._header_block(sid, flags, payload, done)
-        else:
-            self._headers = (sid, flags, bytearray(payload))
+            return self._header_block(sid, flags, payload, done)
+        self._headers = (sid, flags, bytearray(payload))
+        return False
 
-    def _on_continuation(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+    def _on_continuation(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> bool:
         if self._headers is None or self._headers[0] != sid:
             raise ProtocolError("CONTINUATION without its HEADERS")
         block = self._headers[2]
@@ -266,7 +277,8 @@ class H2Session:
         if flags & END_HEADERS:
             hsid, hflags, _ = self._headers
             self._headers = None
-            self._header_block(hsid, hflags, bytes(block), done)
+            return self._header_block(hsid, hflags, bytes(block), done)
+        return False
 
     def _on_settings(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         if not flags & ACK:
@@ -297,21 +309,25 @@ class H2Session:
     def _on_push(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
         raise ProtocolError("a pushed stream (our SETTINGS refuse push)")
 
-    def _on_reset(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+    def _on_reset(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> bool:
         call = self.calls.pop(sid, None)
-        if call is not None:
-            code = int.from_bytes(payload[:4], "big") if len(payload) >= 4 else 0
-            self._closed(sid, call)
-            done.append(Answer(sid, call.status if call.status is not None else _RST_STATUS.get(code, INTERNAL),
-                               call.details or f"the server reset the call (HTTP/2 error {code})",
-                               unprocessed=code == 0x7 and not call.headers_seen))
+        if call is None:
+            return False
+        code = int.from_bytes(payload[:4], "big") if len(payload) >= 4 else 0
+        self._closed(sid, call)
+        done.append(Answer(sid, call.status if call.status is not None else _RST_STATUS.get(code, INTERNAL),
+                           call.details or f"the server reset the call (HTTP/2 error {code})",
+                           unprocessed=code == 0x7 and not call.headers_seen))
+        return True
 
-    def _on_goaway(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+    def _on_goaway(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> bool:
         last = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF if len(payload) >= 4 else 0
         self.goaway = True
-        for other in [s for s in self.calls if s > last]:
+        unprocessed = [s for s in self.calls if s > last]
+        for other in unprocessed:
             self._closed(other, self.calls.pop(other))
             done.append(Answer(other, UNAVAILABLE, "the server is going away (not processed)", unprocessed=True))
+        return bool(unprocessed)
 
     def _settings(self, payload: bytes) -> None:
         for key, value in settings(payload):
@@ -325,46 +341,43 @@ class H2Session:
                 self.max_streams = value
         self._send_ready()
 
-    def _data(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes, done: list[Answer]) -> bool:
         self.unacked += len(payload)
         call = self.calls.get(sid)
         if call is None:
-            return  # a call we gave up
-        call.data += unpad(flags, payload)
+            return False  # a call we gave up
+        call.data += unpad(flags, payload) if flags & PADDED else payload
         if len(call.data) > MAX_MESSAGE + 5:
             self.calls.pop(sid)
             self._closed(sid, call)
             self.out += frame(RST_STREAM, 0, sid, struct.pack(">I", 0x8))
             done.append(Answer(sid, INTERNAL, f"an answer over {MAX_MESSAGE} bytes"))  # not a rate limit: a bad answer
-            return
-        if flags & END_STREAM:  # no trailers: not a gRPC answer
-            self.calls.pop(sid)
-            self._closed(sid, call)
-            done.append(Answer(sid, call.status, call.details) if call.status is not None else
-                        Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
+            return True
+        if not flags & END_STREAM:
+            return False
+        self.calls.pop(sid)  # no trailers: not a gRPC answer
+        self._closed(sid, call)
+        done.append(Answer(sid, call.status, call.details) if call.status is not None else
+                    Answer(sid, INTERNAL, "the server ended the call without a gRPC status"))
+        return True
 
-    def _header_block(self, sid: int, flags: int, block: bytes, done: list[Answer]) -> None:
-        headers = self.decoder.decode(block)
+    def _header_block(self, sid: int, flags: int, block: bytes, done: list[Answer]) -> bool:
+        # (decoded even for a call we gave up: the table must stay in step)
+        status, details, http = self.decoder.digest(block, _what_headers_say)
         call = self.calls.get(sid)
         if call is None:
-            return  # (decoded all the same: the table must stay in step)
-        status = details = None
-        for name, value in headers:
-            if name == b"grpc-status":
-                status = value
-            elif name == b"grpc-message":
-                details = value
-            elif name == b":status" and value != b"200" and call.status is None:
-                call.status = UNAVAILABLE if value in (b"502", b"503", b"504") else UNKNOWN
-                call.details = f"HTTP status {value.decode('latin-1')} instead of a gRPC answer"
+            return False
+        if http is not None and call.status is None:
+            call.status, call.details = http
         if not flags & END_STREAM:
             if call.headers_seen:
                 raise ProtocolError("trailers without END_STREAM")
             call.headers_seen = True
-            return
+            return False
         self.calls.pop(sid)
         self._closed(sid, call)
         done.append(self._outcome(sid, call, status, details))
+        return True
 
     @staticmethod
     def _outcome(sid: int, call: _Call, status: bytes | None, details: bytes | None) -> Answer:
@@ -376,12 +389,12 @@ class H2Session:
         text = unquote(details.decode("utf-8", "replace"), errors="replace") if details else ""
         if code != 0:
             return Answer(sid, code, text)
-        body = bytes(call.data)
-        if len(body) < 5 or body[0] not in (0, 1) or int.from_bytes(body[1:5], "big") != len(body) - 5:
+        body = call.data
+        if len(body) < 5 or body[0] > 1 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             return Answer(sid, INTERNAL, "the answer is not one gRPC message")
         if body[0] == 1:
             return Answer(sid, INTERNAL, "a compressed answer (we asked for none)")
-        return Answer(sid, 0, "", body[5:])
+        return Answer(sid, 0, "", bytes(body[5:]))
 
     _handlers: dict = {}
 
@@ -403,6 +416,20 @@ class H2Session:
         self.blocked.clear()
         self.open = 0
         return out
+
+
+def _what_headers_say(headers: list) -> tuple[bytes | None, bytes | None, tuple[int, str] | None]:
+    """A header block's grpc-status and grpc-message, and the (status, details) a non-200 :status makes."""
+    status = details = http = None
+    for name, value in headers:
+        if name == b"grpc-status":
+            status = value
+        elif name == b"grpc-message":
+            details = value
+        elif name == b":status" and value != b"200" and http is None:
+            http = (UNAVAILABLE if value in (b"502", b"503", b"504") else UNKNOWN,
+                    f"HTTP status {value.decode('latin-1')} instead of a gRPC answer")
+    return status, details, http
 
 
 H2Session._handlers = {DATA: H2Session._data, HEADERS: H2Session._on_headers, CONTINUATION: H2Session._on_continuation,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import hpack
 
@@ -122,6 +124,18 @@ class BlockDecoder:
     def __init__(self, max_list: int):
         self.decoder = hpack.Decoder(max_header_list_size=max_list)
         self._known: dict[bytes, list] = {}
+        self._digests: dict[bytes, Any] = {}
+
+    def digest(self, block: bytes, read: Callable[[list], Any]) -> Any:
+        """`read(fields)` of the block's fields, remembered with the fields (a block that repeats is
+        neither decoded nor read again)."""
+        known = self._digests.get(block)
+        if known is not None:
+            return known
+        value = read(self.decode(block))
+        if block in self._known:
+            self._digests[block] = value
+        return value
 
     def decode(self, block: bytes) -> list:
         known = self._known.get(block)
@@ -137,6 +151,7 @@ class BlockDecoder:
         after = (len(entries), table.maxsize, entries[0] if entries else None)
         if after[:2] != before[:2] or after[2] is not before[2]:
             self._known.clear()
+            self._digests.clear()
         elif len(self._known) < 64:
             self._known[block] = headers
         return headers

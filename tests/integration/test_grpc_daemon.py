@@ -277,6 +277,25 @@ def test_struct_doubles_become_ints_below_2_53():
     assert type(restore_ints(2.0 ** 53)) is float and type(restore_ints(2.0 ** 53 - 1)) is int
 
 
+def test_a_jobs_times_read_the_same_with_the_seconds_remembered():
+    from supervisor.client import grpc_transport as gt
+    from supervisor.proto import spooled_pb2 as pb
+
+    gt._SECONDS.clear()
+    job = pb.Job(id="j", queue_name="q")
+    job.created_at.seconds, job.created_at.nanos = 1764762000, 123456789  # 2025-12-03T11:40:00Z
+    job.lease_expires_at.seconds, job.lease_expires_at.nanos = 1764762000, 5000
+    first = gt.job_dict(job)
+    assert (first["created_at"], first["lease_expires_at"]) == ("2025-12-03T11:40:00.123456Z",
+                                                                "2025-12-03T11:40:00.000005Z")
+    assert gt._SECONDS == {1764762000: "2025-12-03T11:40:00."}
+    for second in range(1764762001, 1764762001 + 300):  # past the 256 remembered: forgotten, still right
+        job.created_at.seconds = second
+        assert gt.job_dict(job)["created_at"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)) + ".123456Z"
+    assert len(gt._SECONDS) <= 256
+    assert gt.job_dict(pb.Job(id="k"))["created_at"] is None  # an unset time is no time
+
+
 class HostileServer:
     """A TCP listener on loopback that reads whatever comes and answers each connection as `behaviour` says:
     `garbage` (bytes that are no HTTP/2), `silent` (never a byte), `close` (hangs up)."""
