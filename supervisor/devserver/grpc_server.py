@@ -133,8 +133,9 @@ def json_from_struct(msg, field: str) -> str | None:
 
 
 def _stamp(job: pb.Job, field: str, t: float | None) -> None:
-    if t is not None:
-        getattr(job, field).FromNanoseconds(int(t * 1e9))
+    if t is not None:  # (what Timestamp.FromNanoseconds does, without its Python call)
+        stamp = getattr(job, field)
+        stamp.seconds, stamp.nanos = divmod(int(t * 1e9), 1_000_000_000)
 
 
 def job_message(row: dict) -> pb.Job:
