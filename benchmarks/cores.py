@@ -17,6 +17,7 @@ Prints a table and one JSON line; `--json PATH` also writes it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -32,10 +33,13 @@ from benchmarks.bench_api import Db, server_stats  # noqa: E402
 CORES = os.cpu_count() or 1
 
 
+_ROWS = itertools.count(1)  # a fresh database per row, also for a transport named twice in --transports
+
+
 def one_row(tmp: str, ms: float, jobs: int, delay: int, transport: str = "rest") -> dict:
     grpc = transport == "grpc"
     server = DevServer(tmp, ("--fault-delay-ms", str(delay), *(("--grpc-port", "0") if grpc else ())),
-                       name=f"cores-{delay}-{ms:g}-{transport}").start()
+                       name=f"cores-{delay}-{ms:g}-{transport}-{next(_ROWS)}").start()
     daemon = None
     try:
         queue = f"cores-{ms:g}"
