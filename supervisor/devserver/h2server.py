@@ -151,8 +151,8 @@ def _binary(value: bytes) -> bytes:
         return value
 
 
-def call_headers(headers: list) -> tuple[bytes | None, bytes | None, bytes | None, float | None, tuple]:
-    """A call's decoded headers -> (:method, :path, content-type, timeout, metadata)."""
+def call_headers(headers: list) -> tuple[bytes | None, str, bytes | None, float | None, tuple]:
+    """A call's decoded headers -> (:method, :path ('' when absent), content-type, timeout, metadata)."""
     method = path = content_type = None
     timeout = None
     metadata = []
@@ -169,7 +169,7 @@ def call_headers(headers: list) -> tuple[bytes | None, bytes | None, bytes | Non
         elif name not in (b"te", b"grpc-encoding", b"grpc-accept-encoding"):
             key = name.decode("latin-1").lower()
             metadata.append((key, _binary(value) if key.endswith("-bin") else value.decode("utf-8", "replace")))
-    return method, path, content_type, timeout, tuple(metadata)
+    return method, (path or b"").decode("latin-1"), content_type, timeout, tuple(metadata)
 
 
 class ServerSession:
@@ -257,7 +257,9 @@ class ServerSession:
         return False  # as HEADERS: empty CONTINUATION frames are a flood
 
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
-        headers = self.decoder.decode(block)  # always: the table must stay in step with the client's
+        # always decoded (the table must stay in step with the client's); a block that repeats (a client's
+        # calls of one method do, byte for byte) is read once
+        method, path, content_type, timeout, metadata = self.decoder.digest(block, call_headers)
         stream = self.streams.get(sid)
         if stream is not None or sid <= self.last_id:  # trailers from the client (gRPC clients send none)
             if stream is not None and flags & END_STREAM:
@@ -269,7 +271,6 @@ class ServerSession:
         if len(self.streams) >= MAX_STREAMS:
             self.out += frame(RST_STREAM, 0, sid, struct.pack(">I", REFUSED_STREAM))
             return
-        method, path, content_type, timeout, metadata = call_headers(headers)
         stream = self.streams[sid] = _Stream(sid, self.initial_window, grpc=True)
         if flags & END_STREAM:
             stream.remote_closed = True
@@ -280,7 +281,7 @@ class ServerSession:
                                         or content_type.startswith((b"application/grpc+", b"application/grpc;"))):
             self._http_answer(stream, b"415")
             return
-        events.append(Started(sid, (path or b"").decode("latin-1"), metadata, timeout))
+        events.append(Started(sid, path, metadata, timeout))
         if stream.remote_closed:
             events.append(HalfClosed(sid))
 
