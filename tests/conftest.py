@@ -554,6 +554,26 @@ def stopped(dev_server):
         d.stop()
 
 
+def reload_while_jobs_run(d, server: DevServer, version: Path, ids: list, first: int):
+    """The reload-under-load scene: once `first` of `ids` completed, `version` says "two" and `d` (two
+    children, running tests.support.handlers_memory's `version` jobs) gets SIGHUP; wait until both children
+    are new and every job is done. Returns (signalled, new_at, jobs, runs, later): when the SIGHUP went,
+    when every child was new, the jobs, their (started, version) in start order, and the versions of those
+    started after every child was new."""
+    wait_for_status(server, ids[:first], timeout=30)
+    before = set(d.child_pids())
+    assert len(before) == 2
+    version.write_text("two")
+    signalled = time.time()
+    d.signal(signal.SIGHUP)
+    wait_until(lambda: not (set(d.child_pids()) & before) and len(d.child_pids()) == 2, timeout=60, interval=0.05,
+               what="both children replaced")
+    new_at = time.time()
+    jobs = wait_for_status(server, ids, timeout=60)
+    runs = sorted((j["result"]["started"], j["result"]["version"]) for j in jobs)
+    return signalled, new_at, jobs, runs, [v for t, v in runs if t > new_at]
+
+
 def wait_for_status(server: DevServer, job_ids, statuses=("completed",), timeout: float = 30.0) -> list[dict]:
     """Poll until every job reaches one of `statuses`; return the jobs as the server reports them."""
 

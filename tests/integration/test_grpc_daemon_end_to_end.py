@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from conftest import Daemon, wait_for_status, wait_until
+from conftest import Daemon, reload_while_jobs_run, wait_for_status, wait_until
 from support.grpc_support import start_server
 
 
@@ -119,16 +119,7 @@ def test_a_reload_under_load_over_grpc_gives_no_new_job_to_a_leaving_child(serve
     ids = [server.enqueue("g-reload", {"do": "version", "secs": 0.4}) for _ in range(30)]
     d = daemons("g-reload", handler="tests.support.handlers_memory:handle", procs=2, worker_id="g-reload",
                 env={"MEMORY_VERSION_FILE": str(version)}).wait_ready(60)
-    wait_for_status(server, ids[:3], timeout=30)
-    before = set(d.child_pids())
-    version.write_text("two")
-    d.signal(signal.SIGHUP)
-    wait_until(lambda: not (set(d.child_pids()) & before) and len(d.child_pids()) == 2, timeout=60, interval=0.05,
-               what="both children replaced")
-    new_at = time.time()
-    jobs = wait_for_status(server, ids, timeout=60)
-    runs = sorted((j["result"]["started"], j["result"]["version"]) for j in jobs)
-    later = [v for t, v in runs if t > new_at]
+    _, _, jobs, runs, later = reload_while_jobs_run(d, server, version, ids, first=3)
     assert later and set(later) == {"two"}, runs  # a leaving child was handed nothing new
     assert all(j["retry_count"] == 0 for j in jobs), [j["retry_count"] for j in jobs]  # none ran twice
     d.signal(signal.SIGTERM)

@@ -5,10 +5,9 @@ code (each job's result names the code that ran it), and jobs kept starting mean
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
-from conftest import wait_for_status, wait_until
+from conftest import reload_while_jobs_run
 
 JOB = 0.5  # seconds each job runs
 JOBS = 40  # 10 s of work for two children: the stream outlasts the reload by far
@@ -24,18 +23,7 @@ def test_a_reload_reaches_every_child_while_jobs_keep_coming(dev_server, daemon_
                        args=["--preload"] if preload else [],
                        env={"MEMORY_VERSION_FILE": str(version)}).wait_ready(60)
     ids = [dev_server.enqueue(queue, {"do": "version", "secs": JOB}) for _ in range(JOBS)]
-    wait_for_status(dev_server, ids[:4], timeout=30)
-    before = set(d.child_pids())
-    assert len(before) == 2
-    version.write_text("two")
-    signalled = time.time()
-    d.signal(signal.SIGHUP)
-    wait_until(lambda: not (set(d.child_pids()) & before) and len(d.child_pids()) == 2, timeout=60, interval=0.05,
-               what="both children replaced")
-    new_at = time.time()
-    jobs = wait_for_status(dev_server, ids, timeout=60)
-    runs = sorted((j["result"]["started"], j["result"]["version"]) for j in jobs)
-    later = [v for t, v in runs if t > new_at]
+    signalled, new_at, _, runs, later = reload_while_jobs_run(d, dev_server, version, ids, first=4)
     print(f"every child new {new_at - signalled:.2f} s after the SIGHUP; {len(later)} jobs started after that")
     # The stream still flowed when every child was new: the reload did not wait for a gap in the queue.
     assert len(later) >= 4, (new_at - signalled, runs)
