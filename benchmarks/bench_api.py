@@ -17,7 +17,8 @@ Sections, each run side by side in one go against dev servers on loopback:
            ends) stay a small share of it: 100 ms jobs run 10 s, not 4.
            With the grpc extra installed, a `grpc` row runs the daemon with --transport grpc too;
            `--baseline PATH` adds a `baseline` row: the daemon of another checkout (e.g. a
-           `git worktree` of the commit before claim-ahead), on the same dev server, in the same run.
+           `git worktree` of the commit before claim-ahead), on the same dev server, in the same run
+           (and a `baseline-grpc` row, that daemon over gRPC, beside `grpc`).
   noop     no-op jobs at 0 ms: parent CPU per job (REST with claim-ahead three times, their median the
            figure; REST --prefetch 0 and gRPC once).
   fleet    two daemons on one queue, started and idle, then handed jobs of 2 s (sleep, so the cores do not
@@ -150,7 +151,7 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
     if kind == "sdk":
         worker = SdkWorker(server, queue, procs, 0.005).start()
     else:
-        root = Path(BASELINE) if kind == "baseline" else None
+        root = Path(BASELINE) if kind.startswith("baseline") else None
         worker = Daemon(server, tmp, queue, procs, 0.1, extra=("--health-port", str(port), *extra),
                         worker_id=f"{kind}-{queue}", root=root).start()
     try:
@@ -227,14 +228,18 @@ def grpc_available() -> bool:
 
 
 def workers(server: DevServer, args) -> list[tuple[str, tuple[str, ...]]]:
-    """The runners of a latency row: ours, ours with --prefetch 0, ours over gRPC, the SDK worker."""
+    """The runners of a latency row: ours, ours with --prefetch 0, ours over gRPC, the SDK worker; with
+    --baseline, the other checkout's daemon over REST and over gRPC too."""
     rows = [("ours", ()), ("prefetch0", ("--prefetch", "0"))]
     if args.history:
         rows.append(("history", ()))
     if BASELINE:
         rows.append(("baseline", ()))
     if server.grpc:
-        rows.append(("grpc", ("--transport", "grpc", "--grpc-url", server.grpc)))
+        grpc = ("--transport", "grpc", "--grpc-url", server.grpc)
+        rows.append(("grpc", grpc))
+        if BASELINE:
+            rows.append(("baseline-grpc", grpc))
     if not args.no_sdk:
         rows.append(("sdk", ()))
     if args.only:
@@ -455,7 +460,7 @@ def main_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-sdk", action="store_true", help="skip the SDK worker rows")
     ap.add_argument("--only", type=lambda v: [w.strip() for w in v.split(",") if w.strip()], default=[],
                     help="run only these rows of the latency and no-op sections, comma-separated (ours, prefetch0, "
-                    "grpc, sdk, history, baseline); multiprocessing.Pool always runs")
+                    "grpc, sdk, history, baseline, baseline-grpc); multiprocessing.Pool always runs")
     ap.add_argument("--history", action="store_true", help="add a `history` latency row: the daemon on a queue whose "
                     "statistics already say its jobs are short (a warm-up daemon completes 20 of them first), as "
                     "when a daemon restarts on a queue in use; its first claim reaches ahead")
@@ -463,7 +468,7 @@ def main_args(argv=None) -> argparse.Namespace:
                     "machine then measures the pipeline, not the cores)")
     ap.add_argument("--json", help="also write the JSON here")
     ap.add_argument("--baseline", help="a checkout (e.g. a git worktree of an older commit) whose daemon runs as a "
-                    "`baseline` row beside this one")
+                    "`baseline` row beside this one (and as `baseline-grpc` over gRPC, with the grpc extra)")
     args = ap.parse_args(argv)
     args.delays = [int(x) for x in args.delays.split(",")]
     args.ms = [float(x) for x in args.ms.split(",")]

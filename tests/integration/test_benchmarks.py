@@ -88,6 +88,25 @@ def test_api_benchmark_tiny_run(tmp_path):
     assert "API latency" in proc.stdout and "Request budget" in proc.stdout
 
 
+@pytest.mark.timeout(200)
+@pytest.mark.exclusive
+def test_api_benchmark_runs_another_checkouts_daemon_over_both_transports(tmp_path):
+    """bench_api.py --baseline: the other checkout's daemon (here this one) runs as `baseline` over REST and as
+    `baseline-grpc` over gRPC, each row measured."""
+    pytest.importorskip("grpc")
+    out = tmp_path / "api.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api.py"), "--sections", "latency", "--delays", "0",
+           "--ms", "20", "--seconds", "0.2", "--min-jobs", "5", "--no-sdk", "--only", "baseline,baseline-grpc",
+           "--baseline", str(ROOT), "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["latency"]
+    assert [r["worker"] for r in rows] == ["baseline", "baseline-grpc"]
+    for r in rows:
+        assert r["completed"] == r["jobs"] > 0 and r["exit_code"] == 0 and r["over_pool"] > 0
+    assert rows[0]["requests"] > rows[0]["jobs"] > rows[1]["requests"]  # (the server counts REST requests only)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.exclusive
