@@ -118,7 +118,7 @@ class H2Session:
             fixed += literal(name.encode(), value.encode(), never_indexed=True)
         self._fixed = fixed
         self._blocks: dict[str, bytes] = {}
-        self.decoder = BlockDecoder(MAX_HEADER_LIST)
+        self.decoder = BlockDecoder(MAX_HEADER_LIST, _what_headers_say)
         self.calls: dict[int, _Call] = {}
         self.waiting: collections.deque[int] = collections.deque()  # started, not yet sent (stream limit)
         self.blocked: collections.deque[int] = collections.deque()  # sent HEADERS, DATA waiting for window
@@ -363,7 +363,7 @@ class H2Session:
 
     def _header_block(self, sid: int, flags: int, block: bytes, done: list[Answer]) -> bool:
         # (decoded even for a call we gave up: the table must stay in step)
-        status, details, http = self.decoder.digest(block, _what_headers_say)
+        status, details, http = self.decoder.decode(block)
         call = self.calls.get(sid)
         if call is None:
             return False

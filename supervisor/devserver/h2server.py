@@ -180,7 +180,7 @@ class ServerSession:
                                                                 S_INITIAL_WINDOW, STREAM_WINDOW,
                                                                 S_MAX_HEADER_LIST, MAX_HEADER_LIST)))
         self.out += frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", CONNECTION_WINDOW - 65535))
-        self.decoder = BlockDecoder(MAX_HEADER_LIST)
+        self.decoder = BlockDecoder(MAX_HEADER_LIST, call_headers)
         self.streams: dict[int, _Stream] = {}
         self.waiting: collections.deque[int] = collections.deque()  # streams with answer bytes held by a window
         self.preface = False
@@ -259,7 +259,7 @@ class ServerSession:
     def _header_block(self, sid: int, flags: int, block: bytes, events: list) -> None:
         # always decoded (the table must stay in step with the client's); a block that repeats (a client's
         # calls of one method do, byte for byte) is read once
-        method, path, content_type, timeout, metadata = self.decoder.digest(block, call_headers)
+        method, path, content_type, timeout, metadata = self.decoder.decode(block)
         stream = self.streams.get(sid)
         if stream is not None or sid <= self.last_id:  # trailers from the client (gRPC clients send none)
             if stream is not None and flags & END_STREAM:

@@ -113,31 +113,21 @@ def settings(payload: bytes) -> list[tuple[int, int]]:
 
 
 class BlockDecoder:
-    """HPACK decoding of one connection's header blocks, in order (the dynamic table is the connection's).
+    """HPACK decoding of one connection's header blocks, in order (the dynamic table is the connection's),
+    each block's fields (name, value bytes pairs) handed to the owner's `read`, whose result `decode` returns.
 
     A peer's blocks repeat byte for byte once its table is warm, and a block that left the dynamic table as
-    it was decodes the same way until the table changes: those are remembered (at most 64; the memory is
-    emptied whenever a block changes the table). Fields come back as (name, value) bytes pairs. A block
-    that does not decode, or a header list over `max_list` bytes, raises ProtocolError (the table is then
-    out of step with the peer's: the connection must end)."""
+    it was decodes the same way until the table changes: its reading is remembered (at most 64; the memory
+    is emptied whenever a block changes the table), so a repeated block is neither decoded nor read again.
+    A block that does not decode, or a header list over `max_list` bytes, raises ProtocolError (the table
+    is then out of step with the peer's: the connection must end)."""
 
-    def __init__(self, max_list: int):
+    def __init__(self, max_list: int, read: Callable[[list], Any]):
         self.decoder = hpack.Decoder(max_header_list_size=max_list)
-        self._known: dict[bytes, list] = {}
-        self._digests: dict[bytes, Any] = {}
+        self._read = read
+        self._known: dict[bytes, Any] = {}
 
-    def digest(self, block: bytes, read: Callable[[list], Any]) -> Any:
-        """`read(fields)` of the block's fields, remembered with the fields (a block that repeats is
-        neither decoded nor read again)."""
-        known = self._digests.get(block)
-        if known is not None:
-            return known
-        value = read(self.decode(block))
-        if block in self._known:
-            self._digests[block] = value
-        return value
-
-    def decode(self, block: bytes) -> list:
+    def decode(self, block: bytes) -> Any:
         known = self._known.get(block)
         if known is not None:
             return known
@@ -148,10 +138,10 @@ class BlockDecoder:
             headers = list(self.decoder.decode(block, raw=True))
         except Exception as exc:  # hpack's errors, and anything a hostile block provokes
             raise ProtocolError(f"a header block that does not decode: {type(exc).__name__}") from None
+        reading = self._read(headers)
         after = (len(entries), table.maxsize, entries[0] if entries else None)
         if after[:2] != before[:2] or after[2] is not before[2]:
             self._known.clear()
-            self._digests.clear()
         elif len(self._known) < 64:
-            self._known[block] = headers
-        return headers
+            self._known[block] = reading
+        return reading
