@@ -31,6 +31,7 @@ heartbeats. Prints a table per mode and writes JSON (`--json`). Run it under `fl
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import re
@@ -130,15 +131,18 @@ def server_requests(server: DevServer) -> tuple[int, int]:
     return int(s["requests"]), int(s["rate_limited"])
 
 
+_RUNS = itertools.count(1)
+
+
 def run_mode(args, wake: str, tmp: str, transport: str = "rest") -> dict:
     grpc = transport == "grpc"
     extra = ["--fault-delay-ms", str(args.delay_ms), *(("--grpc-port", "0") if grpc else ())]
     if args.rate_limit:
         extra += ["--rate-limit", str(args.rate_limit)]
-    server = DevServer(tmp, tuple(extra), name=f"fleet-{wake}-{transport}").start()
+    queue = f"fleet-{wake}-{transport}-{next(_RUNS)}"  # a database of its own, also for a mode named twice
+    server = DevServer(tmp, tuple(extra), name=queue).start()
     daemons: list[Daemon] = []
     ports: list[int] = []
-    queue = f"fleet-{wake}-{transport}"
     over = ("--transport", "grpc", "--grpc-url", server.grpc) if grpc else ()
     try:
         log(f"[{wake}] starting {args.daemons} daemons x {args.procs}")
