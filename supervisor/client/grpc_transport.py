@@ -88,6 +88,8 @@ WIRE_PATHS = {"claim": ("/spooled.v1.QueueService/Dequeue", "DequeueResponse"),
               "register": ("/spooled.v1.WorkerService/Register", "RegisterWorkerResponse"),
               "heartbeat": ("/spooled.v1.WorkerService/Heartbeat", "HeartbeatResponse")}
 ENGINES = ("wire", "grpcio")
+LAZY_KINDS = ("complete", "fail")  # calls whose answers may wait for the loop's next turn (see _pace_reads)
+LAZY_READ = 0.1  # seconds such an answer waits unread at most
 RESEND_UNPROCESSED = 3  # times a call the server never acted on is sent again before its error is the answer
 MAX_DETAILS = 500  # characters of a server's grpc-message kept in an error
 # a settlement ending so says nothing of what became of it (a reset, a proxy's error): it may have been applied
@@ -608,6 +610,9 @@ class LoopGrpc:
         self._woken = False
         self._closed = False
         self.rest: Any = None  # a LoopHTTP for the REST fallback, made on first use
+        self.lazy_reads = engine == "wire"  # settlements' answers read at the loop's pace (_pace_reads)
+        self.urgent = 0  # wire calls out whose answers someone waits for (all but settlements)
+        self.read_due = math.inf  # while the wire is lazy with calls out: read it by then
 
     # ------------------------------------------------------------- interface
     def submit(self, tag: Any, call: GrpcCall, first: bool = False) -> None:
@@ -653,6 +658,7 @@ class LoopGrpc:
                         body=message.SerializeToString())
         self._send_wire(ctx)
         self._finish_wire()
+        self._pace_reads(now)
 
     def _send_wire(self, ctx: _WireCall) -> None:
         """Put a call on the current connection: a new one when there is none, or when the current one is
@@ -674,6 +680,27 @@ class LoopGrpc:
         ctx.handle, ctx.client = handle, self.wire
         self.wire_calls[id(ctx)] = ctx
         self.wire_due = min(self.wire_due, ctx.deadline)
+        if ctx.call.kind not in LAZY_KINDS:
+            self.urgent += 1
+
+    def _forget(self, ctx: _WireCall) -> None:
+        if self.wire_calls.pop(id(ctx), None) is not None and ctx.call.kind not in LAZY_KINDS:
+            self.urgent -= 1
+
+    def _pace_reads(self, now: float) -> None:
+        """While only settlements are out, their answers do not wake the loop: they wait for its next turn
+        (a child's report, a timer), LAZY_READ at the latest, so each job costs the parent one turn, not two.
+        A claim, worker call or renewal out, or no call at all (a GOAWAY or hang-up of an idle connection is
+        seen at once), and the connection wakes the loop again."""
+        wire = self.wire
+        if wire is None:
+            return
+        lazy = self.lazy_reads and self.urgent == 0 and bool(self.wire_calls) and not self._closed
+        wire.set_lazy(lazy)
+        if not (lazy and self.wire_calls):
+            self.read_due = math.inf
+        elif self.read_due == math.inf:
+            self.read_due = now + LAZY_READ
 
     def _addresses(self) -> Callable[[], list | None]:
         """One lookup for all connections: a new one after a GOAWAY connects at once, its calls not failed
@@ -691,7 +718,8 @@ class LoopGrpc:
             return  # (every turn asks: most have nothing)
         for _ in range(RESEND_UNPROCESSED + 2):
             if not self._finish_wire_round():
-                return
+                break
+        self._pace_reads(time.monotonic())
 
     def _finish_wire_round(self) -> bool:
         if self.wire is None or not (self.wire.answers or self.wire_retiring):
@@ -706,7 +734,7 @@ class LoopGrpc:
                 self.wire_retiring.remove(client)
                 client.close()
         for ctx, _ in taken:
-            self.wire_calls.pop(id(ctx), None)
+            self._forget(ctx)
         for ctx, answer in taken:
             if answer.unprocessed and ctx.resent < RESEND_UNPROCESSED and not self._closed:
                 ctx.resent += 1  # the server never acted on it (a refused stream, GOAWAY): sent again at once
@@ -748,7 +776,7 @@ class LoopGrpc:
     def next_deadline(self) -> float | None:
         times = [item.deadline for item in self.waiting]
         if self.wire_calls:
-            times.append(self.wire_due)
+            times.append(min(self.wire_due, self.read_due))
         rest = self.rest.next_deadline() if self.rest is not None else None
         if rest is not None:
             times.append(rest)
@@ -776,12 +804,15 @@ class LoopGrpc:
         self._pump(now)
 
     def _expire_wire(self, now: float) -> None:
+        if self.wire is not None and self.wire.lazy and self.wire_calls:
+            self.wire.poll(now)  # a lazy connection is read every turn (and by read_due at the latest)
+            self.read_due = now + LAZY_READ if self.wire_calls else math.inf
         if now < self.wire_due:  # no call is late: no scan (a turn per answer would cost one each)
             return self._finish_wire()
         late = [c for c in self.wire_calls.values() if now >= c.deadline]
         self.wire_due = min((c.deadline for c in self.wire_calls.values() if now < c.deadline), default=math.inf)
         for ctx in late:
-            del self.wire_calls[id(ctx)]
+            self._forget(ctx)
             ctx.client.cancel(ctx.handle)
             if ctx.call.kind in ("complete", "fail"):
                 self.maybe_applied.add(ctx.call.job_id)  # it may have been applied: a NOT_FOUND later means done

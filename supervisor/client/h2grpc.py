@@ -462,6 +462,7 @@ class H2Client:
         self.connections = 0
         self.last_error = ""
         self._next_addr = 0
+        self.lazy = False  # answers need not wake the loop: the owner reads at its own pace (`poll`)
 
     def spent(self) -> bool:
         """The connection takes no new call (GOAWAY, or its stream ids are used up): the owner opens another
@@ -524,8 +525,38 @@ class H2Client:
         self._watch(_W)
         return True
 
+    def set_lazy(self, lazy: bool) -> None:
+        """Whether the socket's readiness should wake the loop: when lazy, the owner calls `poll` each turn
+        instead (nothing it waits for is urgent). Bodies held back by a window are urgent: the server's
+        WINDOW_UPDATE would otherwise sit unread."""
+        if lazy != self.lazy:
+            self.lazy = lazy
+            if self.state == "ready":
+                self._watch(self._interest())
+
+    def poll(self, now: float) -> None:
+        """Read what has arrived, without waiting (a lazy connection's turn)."""
+        if self.state == "ready":
+            self.on_ready(_R, now)
+
+    def _interest(self) -> int:
+        session = self.session
+        if session is None:
+            return 0
+        write = _W if session.out else 0
+        if self.lazy and not (session.waiting or session.blocked):
+            return write
+        return _R | write
+
     def _watch(self, events: int) -> None:
         if events == self.events or self.sock is None:
+            return
+        if not events:
+            try:
+                self.sel.unregister(self.sock)
+            except (KeyError, ValueError):
+                pass
+            self.events = 0
             return
         try:
             if self.events:
@@ -620,7 +651,7 @@ class H2Client:
             except OSError as exc:  # reset or broken pipe: every call on it ends UNAVAILABLE, never raised
                 return self.drop(f"{type(exc).__name__}: {exc}")
             del out[:sent]
-        self._watch(_R | _W if self.session.out else _R)
+        self._watch(self._interest())
 
     def _fail_calls(self, why: str) -> None:
         for sid in list(self.contexts):

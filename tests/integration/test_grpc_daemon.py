@@ -3,6 +3,7 @@ loop, as the parent drives it, against the real dev server's gRPC port. Outcomes
 
 from __future__ import annotations
 
+import selectors
 import subprocess
 import sys
 import threading
@@ -165,6 +166,57 @@ def test_wrong_key_is_unauthorized(server, mode):
         _, err = d.call("claim", d.api.claim_call(Q, "gw", 2, 30))
         assert isinstance(err, api.Unauthorized)
         assert "not-the-key" not in str(err) and "not-the-key" not in repr(d.api)
+    finally:
+        d.close()
+
+
+def test_settlement_answers_wait_for_the_loops_turn_while_claims_wake_it(server):
+    """Over the wire client a claim's answer wakes the loop (the connection is watched for reading); with only
+    settlements out it is not: their answers are read on the loop's next turn (expire), LAZY_READ after at
+    the latest, so a child's report and the answer to the one before it cost one turn, not two."""
+    from supervisor.client.grpc_transport import LAZY_READ
+
+    d = Driver(server.grpc_address, server.api_key)
+    try:
+        a, sel = d.api, d.sel
+        ids = [server.enqueue(Q, {"n": i}) for i in range(2)]
+
+        def watched_for_reading() -> bool:
+            try:
+                return bool(sel.get_key(d.client.wire.sock).events & selectors.EVENT_READ)
+            except KeyError:
+                return False
+
+        assert d.ok("warm", a.claim_call("nothing-here", "gw", 1, 30)) == []  # the connection is up
+        d.client.submit("claim", a.claim_call(Q, "gw", 2, 30))
+        assert watched_for_reading()
+        d.run_until(lambda: "claim" in d.answers, what="the claim's answer")
+        jobs, err = d.answers.pop("claim")
+        assert err is None and sorted(j["id"] for j in jobs) == sorted(ids)
+        first, second = jobs
+        sent = time.monotonic()
+        d.client.submit("c1", a.complete_call(first["id"], "gw", first["lease_id"], {"ok": True}))
+        assert not watched_for_reading()
+        assert d.client.next_deadline() <= sent + LAZY_READ + 0.01
+        wait_until(lambda: server.job(first["id"])["status"] == "completed", 5, "the server applied the complete")
+        assert not [k for k, _ in sel.select(0) if k.data[0] == "http"]  # the answer wakes nobody...
+        assert d.client.done() == []
+        d.client.expire(time.monotonic())  # ... and is taken on the loop's next turn
+        assert d.client.done() == [("c1", None, None)]
+        assert watched_for_reading()  # nothing out: an idle connection's GOAWAY or hang-up is seen at once
+        d.client.submit("c2", a.complete_call(second["id"], "gw", second["lease_id"], {"ok": True}))
+        d.client.submit("claim2", a.claim_call(Q, "gw", 1, 30))  # a claim out: answers wake the loop again
+        assert watched_for_reading()
+        d.run_until(lambda: {"c2", "claim2"} <= set(d.answers), 5, "both answers")
+        assert d.answers["c2"] == (None, None) and d.answers["claim2"] == ([], None)
+        assert server.job(second["id"])["status"] == "completed"
+        # with nothing else to wake it, the loop still reads a lone settlement's answer within LAZY_READ
+        third = server.enqueue(Q, {"n": 3})
+        job = d.ok("claim3", a.claim_call(Q, "gw", 1, 30))[0]
+        assert job["id"] == third
+        began = time.monotonic()
+        assert d.ok("c3", a.complete_call(third, "gw", job["lease_id"], None)) is None
+        assert time.monotonic() - began < LAZY_READ + 1.0
     finally:
         d.close()
 
