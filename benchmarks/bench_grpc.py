@@ -155,7 +155,6 @@ def drive(kind: str, server: Server, total: int, slots: int, work_ms: float = 0.
                     claiming = False
                     arrived += result
                 else:
-                    held -= 1
                     completed += 1
             for job in arrived:
                 claimed += 1
@@ -163,6 +162,7 @@ def drive(kind: str, server: Server, total: int, slots: int, work_ms: float = 0.
                 heapq.heappush(running, (now + work_ms / 1000.0, claimed, job))
             while running and running[0][0] <= now:
                 job = heapq.heappop(running)[2]
+                held -= 1  # free once its job ends, as a child is (the answer comes when it comes)
                 client.submit(("complete",), api.complete_call(job["id"], "bench-w", job["lease_id"], {"ok": True}))
     finally:
         wall, cpu, srv = time.monotonic() - wall0, time.process_time() - cpu0, cpu_seconds(server.ps) - srv0
