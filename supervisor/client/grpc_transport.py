@@ -71,11 +71,11 @@ from supervisor.client.events import Resolver
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import SpooledAPI
 from supervisor.client.transport import EventsSource, LoopTransport
+from supervisor.proto.structs import EXACT_INT, plain_struct
 
 INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
 MAX_MESSAGE = 4 * 1024 * 1024
-EXACT_INT = 2 ** 53
 STREAM_KINDS = ("claim", "complete", "fail", "renew")
 UNARY_ROUTES = {"register": "Register", "heartbeat": "Heartbeat"}
 JOB_UNARY = {"claim": ("Dequeue", "dequeue"), "complete": ("Complete", "complete"), "fail": ("Fail", "fail"),
@@ -164,31 +164,9 @@ def _rfc3339(ts: Any) -> str | None:
     return f"{head}{nanos // 1000:06d}Z"
 
 
-def struct_value(value: Any) -> Any:
-    """A protobuf Value as plain JSON data, whole numbers below 2**53 as int (what restore_ints makes of
-    MessageToDict's output, without its generic reflection)."""
-    kind = value.WhichOneof("kind")
-    if kind == "number_value":
-        number = value.number_value
-        return int(number) if number.is_integer() and -EXACT_INT < number < EXACT_INT else number
-    if kind == "string_value":
-        return value.string_value
-    if kind == "bool_value":
-        return value.bool_value
-    if kind == "struct_value":
-        fields = value.struct_value.fields
-        return {k: struct_value(fields[k]) for k in fields}  # (a map's items() is the slow generic view)
-    if kind == "list_value":
-        return [struct_value(v) for v in value.list_value.values]
-    return None
-
-
 def job_dict(job: Any) -> dict:
     """A Job message shaped like a REST claim answer (payload a dict with ints restored, or None)."""
-    payload = None
-    if job.HasField("payload"):
-        fields = job.payload.fields
-        payload = {k: struct_value(fields[k]) for k in fields}
+    payload = plain_struct(job.payload, ints=True) if job.HasField("payload") else None
     return {"id": job.id, "queue_name": job.queue_name, "payload": payload, "retry_count": job.retry_count,
             "max_retries": job.max_retries, "timeout_seconds": job.timeout_seconds, "lease_id": job.lease_id,
             "lease_expires_at": _rfc3339(job.lease_expires_at), "priority": job.priority,

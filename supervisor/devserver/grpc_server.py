@@ -18,7 +18,6 @@ are doubles.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import sys
 import threading
@@ -28,10 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import orjson
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 
 from supervisor.proto import spooled_pb2 as pb
 from supervisor.proto import spooled_pb2_grpc as pb_grpc
+from supervisor.proto.structs import plain_struct
 
 from .errors import HttpError
 from .keys_store import KeyContext, job_in_scope, key_context, worker_in_scope
@@ -129,7 +129,7 @@ def json_from_struct(msg, field: str) -> str | None:
     """A Struct field as JSON text (None when unset); every number is a double, as the wire has it."""
     if not msg.HasField(field):
         return None
-    return dumps(json_format.MessageToDict(getattr(msg, field)))
+    return dumps(plain_struct(getattr(msg, field), ints=False))
 
 
 def _stamp(job: pb.Job, field: str, t: float | None) -> None:
@@ -176,6 +176,22 @@ def _status_text(code: grpc.StatusCode, message: str) -> str:
 
 
 # ------------------------------------------------------------------ the services
+class _Drawn:
+    """Marks the thread's call as delayed while inside (a plain class: a generator-based context manager
+    costs several calls more, on every unary call)."""
+
+    __slots__ = ("local",)
+
+    def __init__(self, local: threading.local):
+        self.local = local
+
+    def __enter__(self) -> None:
+        self.local.delayed = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.local.delayed = False
+
+
 class Backend:
     """The operations both services share: auth, limits, faults, and one method per RPC body."""
 
@@ -187,6 +203,7 @@ class Backend:
         self._streams: dict[str, int] = {}
         self._streams_lock = threading.Lock()
         self._local = threading.local()  # .delayed: this thread's call already waited out its delay
+        self._drawn = _Drawn(self._local)
 
     # -- the wire server's delays (grpc_wire.Delays) --
     def active(self) -> bool:
@@ -202,13 +219,9 @@ class Backend:
             return 0.0
         return self.faults.draw_delay(org)
 
-    @contextlib.contextmanager
-    def drawn(self) -> Iterator[None]:
-        self._local.delayed = True
-        try:
-            yield
-        finally:
-            self._local.delayed = False
+    def drawn(self) -> _Drawn:
+        """`with backend.drawn():` this thread's call has waited out its delay (admit draws no second one)."""
+        return self._drawn
 
     def open_stream(self, org: str, context) -> None:
         """Count one more open stream of `org` until the call ends; past the limit, RESOURCE_EXHAUSTED."""
