@@ -800,6 +800,7 @@ class LoopGrpc:
             if client.silent_since(min(c.started for c in late if c.client is client)):
                 client.drop("the server finished no call since this one started: the connection is presumed dead")
         self._finish_wire()
+        self._pace_reads(now)  # (the late calls are gone: perhaps nothing is out any more)
 
     def on_ready(self, conn: Any, mask: int, now: float) -> None:
         """A selector event of this transport's connection, or of the REST fallback's sockets."""

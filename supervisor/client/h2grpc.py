@@ -463,6 +463,7 @@ class H2Client:
         self.last_error = ""
         self._next_addr = 0
         self.lazy = False  # answers need not wake the loop: the owner reads at its own pace (`poll`)
+        self.backlog = False  # the last read stopped at its budget with more to come
 
     def spent(self) -> bool:
         """The connection takes no new call (GOAWAY, or its stream ids are used up): the owner opens another
@@ -527,8 +528,8 @@ class H2Client:
 
     def set_lazy(self, lazy: bool) -> None:
         """Whether the socket's readiness should wake the loop: when lazy, the owner calls `poll` each turn
-        instead (nothing it waits for is urgent). Bodies held back by a window are urgent: the server's
-        WINDOW_UPDATE would otherwise sit unread."""
+        instead (nothing it waits for is urgent). Bodies held back by a window are urgent (the server's
+        WINDOW_UPDATE would otherwise sit unread), and so is the rest of what a read left at its budget."""
         if lazy != self.lazy:
             self.lazy = lazy
             if self.state == "ready":
@@ -544,7 +545,7 @@ class H2Client:
         if session is None:
             return 0
         write = _W if session.out else 0
-        if self.lazy and not (session.waiting or session.blocked):
+        if self.lazy and not (self.backlog or session.waiting or session.blocked):
             return write
         return _R | write
 
@@ -607,10 +608,12 @@ class H2Client:
 
         assert self.sock is not None and self.session is not None
         budget = READ_BUDGET  # a peer that sends without pause gets the loop back after this much
+        self.backlog = True  # until a read comes up short: more is waiting, and it wakes the loop even when lazy
         while budget > 0:
             try:
                 data = self.sock.recv(min(budget, 65536))
             except (BlockingIOError, ssl.SSLWantReadError):
+                self.backlog = False
                 return
             if not data:
                 raise ConnectionResetError("the server closed the connection mid-answer" if self.contexts else
@@ -619,6 +622,7 @@ class H2Client:
             self._take(data, now)
             pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
             if len(data) < 65536 and not pending:
+                self.backlog = False
                 return
         pending = self.sock.pending() if isinstance(self.sock, ssl.SSLSocket) else 0
         if pending:  # bytes already decrypted raise no readiness event: take them now (one record at most)

@@ -198,7 +198,7 @@ def test_settlement_answers_wait_for_the_loops_turn_while_claims_wake_it(server)
         d.client.submit("c1", a.complete_call(first["id"], "gw", first["lease_id"], {"ok": True}))
         assert not watched_for_reading()
         assert d.client.next_deadline() <= sent + LAZY_READ + 0.01
-        wait_until(lambda: server.job(first["id"])["status"] == "completed", 5, "the server applied the complete")
+        wait_until(lambda: server.job(first["id"])["status"] == "completed", 5, what="the server applied the complete")
         assert not [k for k, _ in sel.select(0) if k.data[0] == "http"]  # the answer wakes nobody...
         assert d.client.done() == []
         d.client.expire(time.monotonic())  # ... and is taken on the loop's next turn

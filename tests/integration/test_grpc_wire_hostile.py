@@ -433,3 +433,40 @@ def test_end_stream_on_data_without_trailers_is_an_error(peer_of):
     peer, d = peer_of(answer)
     _, err = claim(d)
     assert isinstance(err, api.Unavailable) and "without a gRPC status" in str(err)
+
+
+def _stall(conn: Conn, sid: int) -> None:
+    conn.send(conn.ok(sid, b"")[:20])  # the headers frame cut short, then nothing more
+
+
+def _hang_up(conn: Conn, sid: int) -> None:
+    conn.send(conn.ok(sid, b"")[:30])
+    conn.close()
+
+
+def _flood(conn: Conn, sid: int) -> None:
+    conn.quiet = True
+    conn.send(frame(PING, 0, 0, b"12345678") * 12_000)
+
+
+def _pour(conn: Conn, sid: int) -> None:  # 5 MiB of one message's DATA, past the 4 MiB limit
+    conn.send(conn.headers(sid, [(":status", "200"), ("content-type", "application/grpc")]))
+    conn.send(frame(DATA, 0, sid, b"\0" * 16000) * 330)
+
+
+@pytest.mark.parametrize("behaviour, words", [(_stall, "within 1 s"), (_hang_up, "closed the connection mid-answer"),
+                                              (_flood, "flood"), (_pour, "over 4194304 bytes")])
+def test_a_settlement_whose_answer_is_read_at_the_loops_pace_meets_a_hostile_server_as_a_claim_does(
+        peer_of, behaviour, words):
+    """With only a complete out, the connection does not wake the loop and is read each turn instead: a stall,
+    a hang-up, a flood and an endless answer still end the call with its error, in about the same time, on
+    a loop never held; the next call gets a working connection."""
+    peer, d = peer_of(first_ok_then(behaviour), timeout=1.0)
+    started = time.monotonic()
+    _, err = d.call("settle", d.api.complete_call("j1", "w1", "l-j1", {"ok": True}), timeout=10)
+    assert isinstance(err, api.Unavailable) and words in str(err), err
+    assert time.monotonic() - started < 4
+    assert d.client.wire is None or not d.client.wire.lazy  # nothing out: the connection wakes the loop again
+    jobs, err2 = claim(d, "again")
+    assert err2 is None and jobs
+    assert_fine(d, err)
