@@ -962,6 +962,10 @@ class LoopGrpc:
             result = call.answer(answer) if call.answer else _unary_job_answer(call.kind, answer)
         except ApiError as exc:
             return self._result(tag, call, started, error=exc)
+        except Exception as exc:  # an answer we cannot read is the call's error, never the loop's: the call's
+            # followup must still run (a claim left unanswered would stop all claiming)
+            return self._result(tag, call, started, error=Unavailable(
+                0, "BAD_ANSWER", f"an answer from {self.api.base_url} that could not be read: {type(exc).__name__}"))
         self._result(tag, call, started, result)
 
     def _fall_back(self, tag: Any, call: GrpcCall, grpc_error: ApiError) -> None:

@@ -380,6 +380,25 @@ def test_an_answer_that_is_not_its_message_type_is_an_error(peer_of):
     assert isinstance(err, api.Unavailable) and "not a DequeueResponse" in str(err)
 
 
+def test_an_answer_that_parses_but_cannot_be_read_is_the_calls_error_and_claiming_goes_on(peer_of):
+    """A job timestamped past any calendar (time.gmtime refuses it) made reading the claim's answer raise
+    in the loop, and the claim was never answered: the daemon stopped claiming. It is the claim's error."""
+    def answer(conn: Conn, sid: int, fields: dict, body: bytes) -> None:
+        if len(conn.requests) == 1:
+            bad = pb.Job(id="j-bad", queue_name=Q, lease_id="l")
+            bad.created_at.seconds = 2 ** 62
+            conn.send(conn.ok(sid, pb.DequeueResponse(jobs=[bad]).SerializeToString()))
+        else:
+            conn.send(conn.ok(sid, job_answer()))
+
+    peer, d = peer_of(answer)
+    _, err = claim(d)
+    assert isinstance(err, api.Unavailable) and err.code == "BAD_ANSWER" and "could not be read" in str(err), err
+    jobs, err2 = claim(d, "again")
+    assert err2 is None and [j["id"] for j in jobs] == ["j1"]
+    assert_fine(d, err)
+
+
 def test_a_flood_of_pings_ends_the_connection_without_holding_the_loop(peer_of):
     def flood(conn: Conn, sid: int) -> None:
         conn.quiet = True
