@@ -3,6 +3,8 @@
     python benchmarks/cores.py                          # 5, 20 and 100 ms jobs at loopback
     python benchmarks/cores.py --ms 100 --delays 0,20   # and with the API 20 ms away
     python benchmarks/cores.py --transports rest,grpc   # each row over REST, then over gRPC (unary calls)
+    python benchmarks/cores.py --transports grpc,baseline-grpc --baseline ../other-checkout
+                                                        # and another checkout's daemon (baseline: over REST)
 
 For each row: efficiency (jobs/s / (cores / d)), the cores the whole machine was busy over the batch
 (/proc/stat), and the share of them the children, the parent and the dev server used (their own CPU
@@ -34,17 +36,19 @@ CORES = os.cpu_count() or 1
 
 
 _ROWS = itertools.count(1)  # a fresh database per row, also for a transport named twice in --transports
+TRANSPORTS = ("rest", "grpc", "baseline", "baseline-grpc")  # baseline*: the --baseline checkout's daemon
 
 
-def one_row(tmp: str, ms: float, jobs: int, delay: int, transport: str = "rest") -> dict:
-    grpc = transport == "grpc"
+def one_row(tmp: str, ms: float, jobs: int, delay: int, transport: str = "rest", baseline: str = "") -> dict:
+    grpc = transport.endswith("grpc")
     server = DevServer(tmp, ("--fault-delay-ms", str(delay), *(("--grpc-port", "0") if grpc else ())),
                        name=f"cores-{delay}-{ms:g}-{transport}-{next(_ROWS)}").start()
     daemon = None
     try:
         queue = f"cores-{ms:g}"
         extra = ("--transport", "grpc", "--grpc-url", server.grpc) if grpc else ()
-        daemon = Daemon(server, tmp, queue, CORES, 0.1, extra=extra).start()
+        root = Path(baseline) if transport.startswith("baseline") else None
+        daemon = Daemon(server, tmp, queue, CORES, 0.1, extra=extra, root=root).start()
         time.sleep(0.5)  # let start-up settle
         children = daemon.children()
         before = [sum(cpu_seconds(c) for c in children), daemon.cpu(), server.cpu(), machine_busy(), time.monotonic()]
@@ -73,11 +77,11 @@ def one_row(tmp: str, ms: float, jobs: int, delay: int, transport: str = "rest")
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'delay':>5} {'job':>5} {'via':>4} {'eff':>6} {'busy':>6} {'children':>8} {'parent':>7} {'server':>7} "
+    head = (f"{'delay':>5} {'job':>5} {'via':>13} {'eff':>6} {'busy':>6} {'children':>8} {'parent':>7} {'server':>7} "
             f"{'child us':>9} {'parent us':>9} {'server us':>9} {'claims':>6}")
     lines = [f"cores: {CORES}; busy and the three shares in cores over the batch; us = CPU per job", head]
     for r in rows:
-        lines.append(f"{r['api_delay_ms']:>5} {r['job_ms']:>5g} {r['transport']:>4} {r['efficiency']:>6.3f} "
+        lines.append(f"{r['api_delay_ms']:>5} {r['job_ms']:>5g} {r['transport']:>13} {r['efficiency']:>6.3f} "
                      f"{r['machine_busy_cores']:>6.2f} {r['children_cores']:>8.3f} "
                      f"{r['parent_cores']:>7.3f} {r['server_cores']:>7.3f} "
                      f"{r['children_us_per_job']:>9} {r['parent_us_per_job']:>9} {r['server_us_per_job']:>9} "
@@ -90,18 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ms", default="5,20,100", help="job CPU durations in ms (default 5,20,100)")
     ap.add_argument("--delays", default="0", help="API latencies in ms, --fault-delay-ms (default 0)")
     ap.add_argument("--seconds", type=float, default=5.0, help="ideal seconds of work per row (default 5)")
-    ap.add_argument("--transports", default="rest", help="rest, grpc or both, comma-separated (default rest)")
+    ap.add_argument("--transports", default="rest", help="rest, grpc, baseline, baseline-grpc, comma-separated, "
+                    "each as often as wanted, in that order (default rest)")
+    ap.add_argument("--baseline", default="", help="another checkout whose daemon the baseline rows run")
     ap.add_argument("--json", help="also write the JSON here")
     args = ap.parse_args(argv)
     transports = [t.strip() for t in args.transports.split(",") if t.strip()]
-    if not transports or set(transports) - {"rest", "grpc"}:
-        ap.error(f"--transports: rest and/or grpc, not {args.transports!r}")
+    if not transports or set(transports) - set(TRANSPORTS):
+        ap.error(f"--transports: {', '.join(TRANSPORTS)}, not {args.transports!r}")
+    if any(t.startswith("baseline") for t in transports) and not args.baseline:
+        ap.error("--transports baseline rows need --baseline PATH (another checkout)")
     rows = []
     with tempfile.TemporaryDirectory(prefix="spooled-cores-") as tmp:
         for delay in (int(d) for d in args.delays.split(",")):
             for ms in (float(m) for m in args.ms.split(",")):
                 jobs = max(CORES * 2, round(args.seconds * CORES * 1000 / ms))
-                rows += [one_row(tmp, ms, jobs, delay, transport) for transport in transports]
+                rows += [one_row(tmp, ms, jobs, delay, transport, args.baseline) for transport in transports]
     print(table(rows))
     out = {"machine": machine(), "command": "python benchmarks/cores.py " + " ".join(argv or sys.argv[1:]),
            "rows": rows}

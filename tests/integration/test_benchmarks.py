@@ -115,14 +115,15 @@ def test_cores_benchmark_tiny_run(tmp_path):
     shares add up."""
     out = tmp_path / "cores.json"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "cores.py"), "--ms", "20", "--delays", "0,20",
-           "--transports", "rest,grpc,rest", "--seconds", "0.3", "--json", str(out)]
+           "--transports", "rest,grpc,rest,baseline-grpc", "--baseline", str(ROOT), "--seconds", "0.3",
+           "--json", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=100)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     # (rest twice: each row has a database of its own, so the second is measured, not read from the first)
     assert [(r["api_delay_ms"], r["job_ms"], r["transport"]) for r in rows] == [
-        (0, 20.0, "rest"), (0, 20.0, "grpc"), (0, 20.0, "rest"), (20, 20.0, "rest"), (20, 20.0, "grpc"),
-        (20, 20.0, "rest")]
+        (0, 20.0, "rest"), (0, 20.0, "grpc"), (0, 20.0, "rest"), (0, 20.0, "baseline-grpc"), (20, 20.0, "rest"),
+        (20, 20.0, "grpc"), (20, 20.0, "rest"), (20, 20.0, "baseline-grpc")]
     for r in rows:
         assert r["jobs"] >= 4 and 0 < r["efficiency"] <= 1.5 and r["server_us_per_job"] > 0
         if r["transport"] == "rest":  # (the server counts REST requests by route only)
@@ -130,6 +131,9 @@ def test_cores_benchmark_tiny_run(tmp_path):
         assert r["children_us_per_job"] >= 20_000 * 0.9  # each job burns 20 ms of the child's CPU
         assert r["children_cores"] + r["parent_cores"] + r["server_cores"] <= r["machine_busy_cores"] + 0.2
     assert "children" in proc.stdout.splitlines()[1]
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cores.py"), "--transports", "baseline"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--baseline PATH" in bad.stderr  # a baseline row without a checkout to run
 
 
 def test_the_steady_rate_leaves_out_the_ends_of_a_batch(tmp_path):
