@@ -642,6 +642,7 @@ class LoopGrpc:
         """Put a call on the current connection: a new one when there is none, or when the current one is
         spent (GOAWAY, its stream ids used up) while calls still out on it finish there."""
         if self.wire is not None and self.wire.spent() and self.wire.contexts:
+            self.wire.set_lazy(False)  # a retiring connection is never polled: its answers wake the loop
             self.wire_retiring.append(self.wire)
             self.wire = None
         if self.wire is None:

@@ -140,6 +140,32 @@ def test_after_goaway_a_call_still_out_finishes_on_the_old_connection_while_new_
     d.run_until(lambda: not d.client.wire_retiring, what="the old connection closed once its call ended")
 
 
+def test_after_goaway_settlements_still_out_are_read_on_the_old_connection_at_once(peer_of):
+    """A lazy connection (only completes out) that is told GOAWAY and retired must still be read: its
+    answers come at once, not after the calls' deadline."""
+    release = threading.Event()
+
+    def answer(conn: Conn, sid: int, fields: dict, body: bytes) -> None:
+        if conn.index == 0:
+            conn.send(conn.goaway(2 ** 31 - 1))
+            release.wait(10)
+            conn.send(conn.ok(sid, b""))
+        else:
+            conn.send(conn.ok(sid, b""))
+            release.set()
+
+    peer, d = peer_of(answer, timeout=5.0)
+    a = d.api
+    d.client.submit("old", a.complete_call("j-old", "w1", "l-old", {"ok": True}))
+    d.run_until(lambda: d.client.wire is not None and d.client.wire.spent(), what="the GOAWAY read")
+    started = time.monotonic()
+    d.client.submit("new", a.complete_call("j-new", "w1", "l-new", {"ok": True}))
+    d.run_until(lambda: {"old", "new"} <= set(d.answers), what="both answers")
+    assert d.answers["old"] == (None, None) and d.answers["new"] == (None, None) and len(peer.conns) == 2
+    assert time.monotonic() - started < 2, "the retired connection's answer waited for its deadline"
+    d.run_until(lambda: not d.client.wire_retiring, what="the old connection closed once its call ended")
+
+
 @pytest.mark.parametrize("code, kind", [(0x8, api.Unavailable), (0x2, api.Unavailable), (0xB, api.RateLimited)])
 def test_a_reset_call_is_a_typed_error_and_the_connection_goes_on(peer_of, code, kind):
     peer, d = peer_of(first_ok_then(lambda conn, sid: conn.send(conn.reset(sid, code))))
