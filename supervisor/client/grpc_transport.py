@@ -71,7 +71,7 @@ from supervisor.client.events import Resolver
 from supervisor.client.hosts import is_loopback
 from supervisor.client.rest import SpooledAPI
 from supervisor.client.transport import EventsSource, LoopTransport
-from supervisor.proto.structs import EXACT_INT, plain_struct
+from supervisor.proto.structs import plain_struct
 
 INSTALL_HINT = "--transport grpc needs the grpc extra: pip install 'spooled-supervisor[grpc]'"
 DEFAULT_GRPC_URL = "grpc.spooled.cloud:443"
@@ -136,17 +136,6 @@ def parse_grpc_url(url: str) -> tuple[str, str, bool]:
 
 
 # ------------------------------------------------------------------ conversions
-def restore_ints(value: Any) -> Any:
-    """Struct doubles -> int where whole and below 2**53 in size (recursively); other values unchanged."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() and -EXACT_INT < value < EXACT_INT else value
-    if isinstance(value, dict):
-        return {k: restore_ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [restore_ints(v) for v in value]
-    return value
-
-
 _SECONDS: dict[int, str] = {}  # whole seconds -> "YYYY-MM-DDTHH:MM:SS." (a job's times repeat a few seconds)
 
 

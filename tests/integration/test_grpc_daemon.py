@@ -15,7 +15,7 @@ from support.grpc_support import GrpcDriver as Driver
 from support.grpc_support import start_server
 
 from supervisor.client import rest as api
-from supervisor.client.grpc_transport import GrpcMissing, parse_grpc_url, require_grpc, restore_ints
+from supervisor.client.grpc_transport import GrpcMissing, parse_grpc_url, require_grpc
 from supervisor.client.rest import Secret
 
 Q = "gq"
@@ -324,9 +324,15 @@ def test_grpc_url_parsing():
 
 
 def test_struct_doubles_become_ints_below_2_53():
-    assert restore_ints({"a": 5.0, "b": [1.0, 2.5, {"c": -3.0}], "d": True, "e": None, "s": "5"}) == \
-        {"a": 5, "b": [1, 2.5, {"c": -3}], "d": True, "e": None, "s": "5"}
-    assert type(restore_ints(2.0 ** 53)) is float and type(restore_ints(2.0 ** 53 - 1)) is int
+    from google.protobuf import struct_pb2
+
+    from supervisor.proto.structs import plain, plain_struct
+
+    s = struct_pb2.Struct()
+    s.update({"a": 5.0, "b": [1.0, 2.5, {"c": -3.0}], "d": True, "e": None, "s": "5"})
+    assert plain_struct(s, ints=True) == {"a": 5, "b": [1, 2.5, {"c": -3}], "d": True, "e": None, "s": "5"}
+    assert type(plain(struct_pb2.Value(number_value=2.0 ** 53), ints=True)) is float
+    assert type(plain(struct_pb2.Value(number_value=2.0 ** 53 - 1), ints=True)) is int
 
 
 def test_a_jobs_times_read_the_same_with_the_seconds_remembered():
