@@ -312,10 +312,27 @@ def test_a_header_block_interrupted_or_continued_on_another_stream_is_a_protocol
     assert err is None and jobs
 
 
-def test_a_server_that_stalls_mid_frame_times_out_and_the_connection_is_replaced(peer_of):
-    def stall(conn: Conn, sid: int) -> None:
-        conn.send(conn.ok(sid, job_answer())[:20])  # the headers frame cut short, then nothing more
+# behaviours of a server's answer, for first_ok_then
+def stall(conn: Conn, sid: int) -> None:
+    conn.send(conn.ok(sid, job_answer())[:20])  # the headers frame cut short, then nothing more
 
+
+def hang_up(conn: Conn, sid: int) -> None:
+    conn.send(conn.ok(sid, job_answer())[:30])
+    conn.close()
+
+
+def flood(conn: Conn, sid: int) -> None:
+    conn.quiet = True
+    conn.send(frame(PING, 0, 0, b"12345678") * 12_000)
+
+
+def pour(conn: Conn, sid: int) -> None:  # 5 MiB of one message's DATA, past the 4 MiB limit
+    conn.send(conn.headers(sid, [(":status", "200"), ("content-type", "application/grpc")]))
+    conn.send(frame(DATA, 0, sid, b"\0" * 16000) * 330)
+
+
+def test_a_server_that_stalls_mid_frame_times_out_and_the_connection_is_replaced(peer_of):
     peer, d = peer_of(first_ok_then(stall), timeout=1.0)
     started = time.monotonic()
     _, err = claim(d)
@@ -347,10 +364,6 @@ def test_a_server_that_trickles_pings_but_answers_nothing_does_not_keep_its_conn
 
 
 def test_a_server_that_hangs_up_mid_frame_fails_the_call_at_once(peer_of):
-    def hang_up(conn: Conn, sid: int) -> None:
-        conn.send(conn.ok(sid, job_answer())[:30])
-        conn.close()
-
     peer, d = peer_of(first_ok_then(hang_up), timeout=5.0)
     started = time.monotonic()
     _, err = claim(d)
@@ -426,10 +439,6 @@ def test_an_answer_that_parses_but_cannot_be_read_is_the_calls_error_and_claimin
 
 
 def test_a_flood_of_pings_ends_the_connection_without_holding_the_loop(peer_of):
-    def flood(conn: Conn, sid: int) -> None:
-        conn.quiet = True
-        conn.send(frame(PING, 0, 0, b"12345678") * 12_000)
-
     peer, d = peer_of(first_ok_then(flood), timeout=5.0)
     started = time.monotonic()
     _, err = claim(d)
@@ -480,27 +489,8 @@ def test_end_stream_on_data_without_trailers_is_an_error(peer_of):
     assert isinstance(err, api.Unavailable) and "without a gRPC status" in str(err)
 
 
-def _stall(conn: Conn, sid: int) -> None:
-    conn.send(conn.ok(sid, b"")[:20])  # the headers frame cut short, then nothing more
-
-
-def _hang_up(conn: Conn, sid: int) -> None:
-    conn.send(conn.ok(sid, b"")[:30])
-    conn.close()
-
-
-def _flood(conn: Conn, sid: int) -> None:
-    conn.quiet = True
-    conn.send(frame(PING, 0, 0, b"12345678") * 12_000)
-
-
-def _pour(conn: Conn, sid: int) -> None:  # 5 MiB of one message's DATA, past the 4 MiB limit
-    conn.send(conn.headers(sid, [(":status", "200"), ("content-type", "application/grpc")]))
-    conn.send(frame(DATA, 0, sid, b"\0" * 16000) * 330)
-
-
-@pytest.mark.parametrize("behaviour, words", [(_stall, "within 1 s"), (_hang_up, "closed the connection mid-answer"),
-                                              (_flood, "flood"), (_pour, "over 4194304 bytes")])
+@pytest.mark.parametrize("behaviour, words", [(stall, "within 1 s"), (hang_up, "closed the connection mid-answer"),
+                                              (flood, "flood"), (pour, "over 4194304 bytes")])
 def test_a_settlement_whose_answer_is_read_at_the_loops_pace_meets_a_hostile_server_as_a_claim_does(
         peer_of, behaviour, words):
     """With only a complete out, the connection does not wake the loop and is read each turn instead: a stall,
