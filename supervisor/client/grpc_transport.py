@@ -665,7 +665,7 @@ class LoopGrpc:
             return
         lazy = self.lazy_reads and self.urgent == 0 and bool(self.wire_calls) and not self._closed
         wire.set_lazy(lazy)
-        if not (lazy and self.wire_calls):
+        if not lazy:
             self.read_due = math.inf
         elif self.read_due == math.inf:
             self.read_due = now + LAZY_READ
@@ -774,7 +774,7 @@ class LoopGrpc:
     def _expire_wire(self, now: float) -> None:
         if self.wire is not None and self.wire.lazy and self.wire_calls:
             self.wire.poll(now)  # a lazy connection is read every turn (and by read_due at the latest)
-            self.read_due = now + LAZY_READ if self.wire_calls else math.inf
+            self.read_due = now + LAZY_READ  # (_pace_reads forgets it once nothing is out)
         if now < self.wire_due:  # no call is late: no scan (a turn per answer would cost one each)
             return self._finish_wire()
         late = [c for c in self.wire_calls.values() if now >= c.deadline]
