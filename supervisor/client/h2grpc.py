@@ -71,7 +71,8 @@ OUR_WINDOW = 16 * 1024 * 1024  # per stream and for the connection: more than an
 MAX_MESSAGE = 4 * 1024 * 1024
 MAX_HEADER_LIST = 64 * 1024
 MAX_UNSENT = 16 * 1024 * 1024  # bytes held for a peer that stopped reading before we give up
-FLOOD = 10_000  # frames in a row that finish no call (pings, settings, empty data...) before we give up
+FLOOD = 1_000  # frames in a row that finish no call (pings, settings, empty data...) before we give up: a
+# read of 256 KiB can hold 15,000 tiny frames, and handling 10,000 of them held a busy loop for a second
 READ_BUDGET = 256 * 1024  # bytes read per readiness event, so one connection never holds the loop
 UNAVAILABLE, CANCELLED, RESOURCE_EXHAUSTED, INTERNAL, UNKNOWN = 14, 1, 8, 13, 2
 # RST_STREAM error codes -> gRPC status (REFUSED_STREAM: not processed, safe to send again)
