@@ -155,9 +155,9 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
         worker = Daemon(server, tmp, queue, procs, 0.1, extra=("--health-port", str(port), *extra),
                         worker_id=f"{kind}-{queue}", root=root).start()
     try:
-        cpu0 = worker.cpu()
+        cpu0, server0 = worker.cpu(), server.cpu()
         wait_done(db, queue, count, 60 + count * 0.5, worker.alive)
-        cpu = worker.cpu() - cpu0
+        cpu, server_cpu = worker.cpu() - cpu0, server.cpu() - server0
         st = settled_status(port, count) if kind != "sdk" else {}
     finally:
         code = worker.stop()
@@ -174,7 +174,8 @@ def run_worker(kind: str, server: DevServer, tmp: str, queue: str, payload: dict
             "by_route": {k: v - before["by_route"].get(k, 0) for k, v in after["by_route"].items()
                          if v - before["by_route"].get(k, 0)},
             "reserve_wait_ms": st.get("reserve_wait_ms"), "parent_requests_per_job": st.get("requests_per_job"),
-            "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1)}
+            "parent_cpu_us_per_job": round(cpu / max(1, done) * 1e6, 1),
+            "server_cpu_us_per_job": round(server_cpu / max(1, done) * 1e6, 1)}
 
 
 def gaps(trace: str) -> dict | None:
@@ -305,19 +306,49 @@ def latency_section(args, tmp: str) -> list[dict]:
     return rows
 
 
+def median(values: list[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
 def latency_medians(rows: list[dict]) -> list[dict]:
     """Per (API delay, job length, worker): the median over its runs of the ratio to Pool, and the lowest
-    and highest."""
-    groups: dict[tuple, list[float]] = {}
+    and highest; the medians of the worker's CPU and the dev server's per job."""
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["api_delay_ms"], r["job_ms"], r["worker"]), []).append(r["over_pool"])
+        groups.setdefault((r["api_delay_ms"], r["job_ms"], r["worker"]), []).append(r)
     out = []
-    for (delay, ms, worker), values in groups.items():
-        values.sort()
-        mid = len(values) // 2
-        median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    for (delay, ms, worker), runs in groups.items():
+        values = sorted(r["over_pool"] for r in runs)
         out.append({"api_delay_ms": delay, "job_ms": ms, "worker": worker, "runs": len(values),
-                    "over_pool_median": round(median, 4), "over_pool_min": values[0], "over_pool_max": values[-1]})
+                    "over_pool_median": round(median(values), 4), "over_pool_min": values[0],
+                    "over_pool_max": values[-1],
+                    "parent_cpu_us_median": round(median([r["parent_cpu_us_per_job"] for r in runs]), 1),
+                    "server_cpu_us_median": round(median([r["server_cpu_us_per_job"] for r in runs]), 1)})
+    return out
+
+
+def transports_compared(rows: list[dict], other: str = "grpc", base: str = "ours") -> list[dict]:
+    """Per (API delay, job length) with both workers: `other` against `base` run by run (the two ran in the same
+    turn, one right after the other): the median of the differences in the ratio to Pool, the lowest and highest,
+    and in how many turns `other` was at or above `base`; the medians of their CPU per job, worker plus server."""
+    turns: dict[tuple, dict[int, dict[str, dict]]] = {}
+    for r in rows:
+        if r["worker"] in (other, base):
+            turns.setdefault((r["api_delay_ms"], r["job_ms"]), {}).setdefault(r["run"], {})[r["worker"]] = r
+    out = []
+    for (delay, ms), by_run in turns.items():
+        pairs = [(t[other], t[base]) for t in by_run.values() if other in t and base in t]
+        if not pairs:
+            continue
+        diffs = sorted(o["over_pool"] - b["over_pool"] for o, b in pairs)
+        cpu = {name: round(median([r["parent_cpu_us_per_job"] + r["server_cpu_us_per_job"] for r in side]))
+               for name, side in ((other, [o for o, _ in pairs]), (base, [b for _, b in pairs]))}
+        out.append({"api_delay_ms": delay, "job_ms": ms, "other": other, "base": base, "turns": len(pairs),
+                    "difference_median": round(median(diffs), 4), "difference_min": round(diffs[0], 4),
+                    "difference_max": round(diffs[-1], 4), "other_at_or_above": sum(d >= 0 for d in diffs),
+                    "other_cpu_us": cpu[other], "base_cpu_us": cpu[base]})
     return out
 
 
@@ -414,10 +445,22 @@ def table(result: dict) -> str:
                        f"{r.get('steady_efficiency', '-'):>6} {rw:>20} {gw:>20}")
         if any(m["runs"] > 1 for m in result.get("latency_medians") or []):
             out.append("The same, the median of each worker's runs (the runs taking turns in opposite orders):")
-            out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'runs':>4} {'/ Pool':>7} {'lowest':>7} {'highest':>7}")
+            out.append(f"{'delay':>6} {'job':>5} {'worker':>10} {'runs':>4} {'/ Pool':>7} {'lowest':>7} {'highest':>7} "
+                       f"{'worker us':>9} {'server us':>9}")
             for m in result["latency_medians"]:
                 out.append(f"{m['api_delay_ms']:>6} {m['job_ms']:>5g} {m['worker']:>10} {m['runs']:>4} "
-                           f"{m['over_pool_median']:>7} {m['over_pool_min']:>7} {m['over_pool_max']:>7}")
+                           f"{m['over_pool_median']:>7} {m['over_pool_min']:>7} {m['over_pool_max']:>7} "
+                           f"{m['parent_cpu_us_median']:>9.0f} {m['server_cpu_us_median']:>9.0f}")
+        if result.get("transports"):
+            out.append("gRPC against REST turn by turn (the two ran one after the other in each turn): the "
+                       "difference in / Pool, gRPC's minus REST's; CPU per job = the daemon's plus the dev server's:")
+            out.append(f"{'delay':>6} {'job':>5} {'turns':>5} {'median':>7} {'lowest':>7} {'highest':>7} "
+                       f"{'gRPC >= REST':>12} {'gRPC us':>8} {'REST us':>8}")
+            for c in result["transports"]:
+                out.append(f"{c['api_delay_ms']:>6} {c['job_ms']:>5g} {c['turns']:>5} {c['difference_median']:>+7.4f} "
+                           f"{c['difference_min']:>+7.4f} {c['difference_max']:>+7.4f} "
+                           f"{str(c['other_at_or_above']) + ' of ' + str(c['turns']):>12} "
+                           f"{c['other_cpu_us']:>8} {c['base_cpu_us']:>8}")
     if result.get("noop"):
         base = noop_median(result["noop"], "baseline")
         out.append(f"No-op jobs (parent CPU per job, idle included; ours: median of its runs "
@@ -492,6 +535,7 @@ def main(argv=None) -> int:
         if "latency" in sections:
             result["latency"] = latency_section(args, tmp)
             result["latency_medians"] = latency_medians(result["latency"])
+            result["transports"] = transports_compared(result["latency"])
         if "noop" in sections:
             result["noop"] = noop_section(args, tmp)
         if "fleet" in sections:

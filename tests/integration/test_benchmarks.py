@@ -78,6 +78,15 @@ def test_api_benchmark_tiny_run(tmp_path):
     assert medians["ours"]["runs"] == 2 and medians["ours"]["over_pool_median"] == round(sum(ours) / 2, 4)
     assert (medians["ours"]["over_pool_min"], medians["ours"]["over_pool_max"]) == (ours[0], ours[1])
     assert "the median of each worker's runs" in proc.stdout
+    cpu = sorted(row["server_cpu_us_per_job"] for row in r["latency"] if row["worker"] == "ours")
+    assert all(v >= 0 for v in cpu) and medians["ours"]["server_cpu_us_median"] == round(sum(cpu) / 2, 1)
+    if "grpc" in rows:  # gRPC against REST turn by turn: the same turn's two rows, subtracted
+        (c,) = r["transports"]
+        turns = {row["run"]: row["over_pool"] for row in r["latency"] if row["worker"] == "grpc"}
+        diffs = sorted(g - row["over_pool"] for row in r["latency"] if row["worker"] == "ours"
+                       for run, g in turns.items() if run == row["run"])
+        assert c["turns"] == 2 and c["difference_median"] == round(sum(diffs) / 2, 4)
+        assert c["other_at_or_above"] == sum(d >= 0 for d in diffs) and "gRPC against REST" in proc.stdout
     for row in r["latency"] + r["noop"] + r["budget"]:
         assert row["completed"] == row["jobs"] > 0 and row["jobs_per_s"] > 0 and row["exit_code"] == 0
     assert rows["ours"]["reserve_wait_ms"]["samples"] == rows["ours"]["jobs"]
