@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -304,12 +305,6 @@ def latency_section(args, tmp: str) -> list[dict]:
         finally:
             server.stop()
     return rows
-
-
-def median(values: list[float]) -> float:
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def latency_medians(rows: list[dict]) -> list[dict]:
