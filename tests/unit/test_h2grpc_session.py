@@ -194,15 +194,13 @@ def test_goaway_or_used_up_stream_ids_make_the_session_spent():
 def test_a_flood_of_frames_that_finish_nothing_is_a_protocol_error_but_answers_reset_the_count():
     s, srv = session(), Server()
     sid = s.start(PATH, b"x")
-    from supervisor.client.h2grpc import FLOOD
-
-    below = FLOOD * 9 // 10
+    below = h2grpc.FLOOD * 9 // 10
     s.receive(frame(PING, 0, 0, b"12345678") * below + srv.ok(sid, b"done"))  # an answer: the count starts again
     s.data_to_send()
     s.start(PATH, b"y")
     s.receive(frame(PING, 0, 0, b"12345678") * below)
     with pytest.raises(ProtocolError, match="flood"):
-        s.receive(frame(PING, 0, 0, b"12345678") * (FLOOD // 5))
+        s.receive(frame(PING, 0, 0, b"12345678") * (h2grpc.FLOOD // 5))
 
 
 def test_a_peer_that_stops_reading_is_given_up():
